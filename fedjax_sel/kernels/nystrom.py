@@ -1,0 +1,138 @@
+"""Landmark (Nystrom) spectral embedding: coalitions of ``K = 10^5`` clients in ``O(K m)``
+memory (design section 7; Fowlkes, Belongie, Chung and Malik 2004).
+
+With ``m`` landmark clients ``L`` drawn uniformly without replacement, the kernel matrix is
+approximated by ``K_hat = C A C^T`` with ``C = k(X, L)`` (``K x m``) and ``A = k(L, L)^+``. The
+normalised adjacency of :mod:`fedjax_sel.kernels.spectral` is then an exact low-rank product
+``M = F G F^T`` that is never formed:
+
+* plain kernels: ``S = K_hat``, degrees ``d = C (A (C^T 1))``, ``F = D^{-1/2} C``, ``G = A``;
+* the row-normalised RBF of eq. 4: with row sums ``r = K_hat 1``,
+  ``S = (R^{-1} K_hat + K_hat R^{-1}) / 2``, ``d = (1 + K_hat r^{-1}) / 2``,
+  ``F = D^{-1/2} [R^{-1} C, C]`` and ``G = [[0, A], [A, 0]] / 2``.
+
+Its top eigenvectors come from ``F^T F = V Lambda V^T`` (``r x r``): with
+``F = U_F Lambda^{1/2} V^T``, ``M = U_F T U_F^T`` where ``T = Lambda^{1/2} V^T G V Lambda^{1/2}``,
+so ``eigh(T) = Z Theta Z^T`` gives ``U = F V Lambda^{-1/2} Z``. Directions with
+``lambda < rel_tol * max(lambda)`` are dropped (duplicate landmarks, identical clients).
+With ``m = K`` landmarks the factorisation reproduces the exact path. Negative kernel values
+(cosine, sigmoid) are clipped to 0 in both blocks, as the exact path clips ``S``; the product
+``K_hat`` can still hold small negative entries, so degrees are clamped at zero.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_sel.base import Array, ConfigError, PRNGKey
+from fedjax_sel.kernels.affinity import check_affinity, kernel_and_gamma, kernel_values
+from fedjax_sel.kernels.spectral import Embedding, scale_embedding
+
+
+def pseudo_inverse_sym(a: Array, rel_tol: float = 1e-6) -> Array:
+    """Pseudo-inverse of a symmetric matrix through its eigendecomposition."""
+    vals, vecs = jnp.linalg.eigh(0.5 * (a + a.T))
+    cut = rel_tol * jnp.max(jnp.abs(vals))
+    inv = jnp.where(jnp.abs(vals) > cut, 1.0 / jnp.where(vals == 0, 1.0, vals), 0.0)
+    return (vecs * inv[None, :]) @ vecs.T
+
+
+def landmark_factor(
+    x: Array,
+    landmarks: Array,
+    kind: str = "rbf",
+    *,
+    gamma: float = 1.0,
+    coef0: float = 1.0,
+    row_normalize: bool | None = None,
+) -> tuple[Array, Array, Array]:
+    """``(F, G, d^{-1/2})`` with ``D^{-1/2} S D^{-1/2} ~= F G F^T`` (module docstring).
+
+    Args:
+      x: float32[K, D] rows.
+      landmarks: float32[m, D] landmark rows.
+      kind, gamma, coef0: the kernel (:func:`~fedjax_sel.kernels.affinity.kernel_values`);
+        ``gamma = 0`` is resolved on the ``K x m`` block and reused for ``k(L, L)``.
+      row_normalize: eq. 4's row normalisation (``None``: only for ``rbf``).
+    """
+    check_affinity(kind, gamma, coef0)
+    if row_normalize is None:
+        row_normalize = kind == "rbf"
+    c, gamma_used = kernel_and_gamma(x, landmarks, kind, gamma=gamma, coef0=coef0)
+    w_ll = kernel_values(landmarks, landmarks, kind, gamma=gamma_used, coef0=coef0)
+    # the exact path clips negative affinities; clip both blocks alike (a no-op for rbf/laplacian)
+    c, w_ll = jnp.maximum(c, 0.0), jnp.maximum(w_ll, 0.0)
+    a = pseudo_inverse_sym(w_ll)
+    ones = jnp.ones((x.shape[0],), jnp.float32)
+
+    def k_hat(v):  # K_hat @ v in O(K m)
+        return c @ (a @ (c.T @ v))
+
+    if row_normalize:
+        r = k_hat(ones)
+        r = jnp.maximum(r, 1e-6 * jnp.mean(jnp.abs(r)) + 1e-30)
+        deg = 0.5 * (1.0 + k_hat(1.0 / r))
+        f = jnp.concatenate([c / r[:, None], c], axis=1)
+        z = jnp.zeros_like(a)
+        g = 0.5 * jnp.block([[z, a], [a, z]])
+    else:
+        deg = k_hat(ones)
+        f, g = c, a
+    inv_sqrt = jnp.where(deg > 0, jax.lax.rsqrt(jnp.where(deg > 0, deg, 1.0)), 0.0)
+    return f * inv_sqrt[:, None], g, inv_sqrt
+
+
+def lowrank_top_eigenvectors(
+    f: Array, g: Array, k: int, rel_tol: float = 1e-6
+) -> tuple[Array, Array]:
+    """Top-``k`` eigenpairs ``(values desc, vectors[K, k])`` of ``F G F^T`` (``G`` symmetric)."""
+    lam, v = jnp.linalg.eigh(f.T @ f)
+    keep = lam > rel_tol * jnp.max(lam)
+    root = jnp.where(keep, jnp.sqrt(jnp.where(keep, lam, 1.0)), 0.0)
+    inv_root = jnp.where(keep, 1.0 / jnp.where(keep, root, 1.0), 0.0)
+    vg = v.T @ g @ v
+    t = root[:, None] * vg * root[None, :]
+    theta, z = jnp.linalg.eigh(0.5 * (t + t.T))
+    order = jnp.argsort(-theta)[:k]
+    return theta[order], f @ (v @ (inv_root[:, None] * z[:, order]))
+
+
+def landmark_indices(key: PRNGKey, num_clients: int, num_landmarks: int) -> Array:
+    """``min(m, K)`` distinct client ids drawn uniformly (int32)."""
+    m = min(num_landmarks, num_clients)
+    return jax.random.choice(key, num_clients, (m,), replace=False).astype(jnp.int32)
+
+
+def landmark_spectral_embedding(
+    x: Array,
+    num_components: int,
+    key: PRNGKey,
+    *,
+    num_landmarks: int = 256,
+    kind: str = "rbf",
+    gamma: float = 1.0,
+    coef0: float = 1.0,
+    scaling: str = "degree",
+    landmarks: Array | None = None,
+) -> Embedding:
+    """The spectral embedding of :func:`~fedjax_sel.kernels.spectral.spectral_embedding`
+    through landmarks: memory ``O(K m)`` instead of ``O(K^2)``.
+
+    Args:
+      x: float32[K, D] rows.
+      num_components: P.
+      key: draws the landmarks (unless ``landmarks`` gives their ids).
+      num_landmarks: m (capped at K).
+      kind, gamma, coef0: the affinity kernel.
+      scaling: embedding row scaling.
+      landmarks: int32[m] landmark ids (overrides the random draw).
+    """
+    x = jnp.asarray(x, jnp.float32)
+    n = x.shape[0]
+    if not 1 <= num_components <= n:
+        raise ConfigError(f"spectral embedding needs 1 <= components <= {n}, got {num_components}")
+    ids = landmark_indices(key, n, num_landmarks) if landmarks is None else landmarks
+    f, g, inv_sqrt = landmark_factor(x, x[ids], kind, gamma=gamma, coef0=coef0)
+    vals, vecs = lowrank_top_eigenvectors(f, g, num_components)
+    return Embedding(scale_embedding(vecs, inv_sqrt, scaling), vals)
