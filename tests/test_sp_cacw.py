@@ -1,0 +1,362 @@
+"""SP-CACW: the bound and weight rules against NumPy, the personalized simulator against closed
+forms and exact references, and the planted two-cluster behaviour."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjax_sel.base import ConfigError
+from fedjax_sel.data import from_client_arrays
+from fedjax_sel.data.datasets import FederatedDataset
+from fedjax_sel.models import make_model
+from fedjax_sel.personalized import (
+    IFCA,
+    PersonalizedConfig,
+    PersonalizedSimulation,
+    run_method,
+    summary_row,
+)
+from fedjax_sel.personalized import weighting as wt
+
+
+def planted_regression(
+    num_clients=8, n_train=10, n_test=200, dim=5, noise=1.0, seed=0, n_override=None
+) -> FederatedDataset:
+    """Two planted clusters of linear regression clients, y = x . w_c + noise, w_1 = -w_0;
+    clients alternate clusters (even ids: cluster 0)."""
+    rng = np.random.default_rng(seed)
+    w0 = 3.0 * rng.normal(size=dim)
+    ws = np.stack([w0, -w0])
+    cluster = np.arange(num_clients) % 2
+    xs, ys, txs, tys = [], [], [], []
+    for k in range(num_clients):
+        n = n_train if n_override is None else n_override[k]
+        x = rng.normal(size=(n + n_test, dim)).astype(np.float32)
+        y = (x @ ws[cluster[k]] + noise * rng.normal(size=n + n_test)).astype(np.float32)
+        xs.append(x[:n])
+        ys.append(y[:n])
+        txs.append(x[n:])
+        tys.append(y[n:])
+    train = from_client_arrays(xs, ys)
+    test = from_client_arrays(txs, tys)
+    return FederatedDataset(
+        name="planted",
+        train=train,
+        test=test,
+        test_x=jnp.asarray(np.concatenate(txs)),
+        test_y=jnp.asarray(np.concatenate(tys)),
+        task="regression",
+        num_classes=None,
+        input_shape=(dim,),
+        default_model="linreg",
+        info={"cluster": cluster.tolist(), "num_clusters": 2},
+    )
+
+
+def linreg(dim=5):
+    return make_model("linreg", input_shape=(dim,), num_classes=None)
+
+
+# ------------------------------------------------------------------------------ weighting
+def test_bound_matrix_and_value_match_numpy():
+    rng = np.random.default_rng(0)
+    bias = rng.normal(size=(6, 11)).astype(np.float32)
+    bias[2] = 0
+    v = rng.uniform(0.1, 2, 6).astype(np.float32)
+    alpha = rng.dirichlet(np.ones(6)).astype(np.float32)
+    c_b, lr_l = 1.7, 0.3
+    h = np.asarray(wt.bound_matrix(jnp.asarray(bias), jnp.asarray(v), c_b, lr_l))
+    want = c_b * bias @ bias.T + lr_l * np.diag(v)
+    np.testing.assert_allclose(h, want, rtol=1e-5, atol=1e-5)
+    val = float(wt.bound_value(jnp.asarray(alpha), jnp.asarray(bias), jnp.asarray(v), c_b, lr_l))
+    np.testing.assert_allclose(val, alpha @ want @ alpha, rtol=1e-5)
+
+
+def test_bound_coefficients_of_both_variants():
+    a, c = wt.bound_coefficients("descent", jnp.float32(0.2))
+    assert float(a) == 1.0 and float(c) == 1.0
+    a, c = wt.bound_coefficients("appendix_d", jnp.float32(0.2))
+    np.testing.assert_allclose([float(a), float(c)], [0.6, 1.4], rtol=1e-6)
+    with pytest.raises(ConfigError, match="bound"):
+        wt.bound_coefficients("tight", jnp.float32(0.2))
+
+
+def test_peer_variances_match_the_bernoulli_aggregate_variance_by_simulation():
+    """Var(sum_i a_i z_i / p_i g_i) = sum_i a_i^2 v_i with v_i = sigma_i^2 + (1/p_i - 1)
+    E||g_i||^2 (appendix E): Monte Carlo with Gaussian g_i."""
+    rng = np.random.default_rng(1)
+    m, d, n = 4, 3, 400_000
+    mean = rng.normal(size=(m, d))
+    sigma = np.array([0.5, 1.0, 0.2, 0.8])
+    p = np.array([1.0, 0.5, 0.3, 0.7])
+    a = np.array([0.4, 0.3, 0.2, 0.1])
+    g = mean[None] + sigma[None, :, None] * rng.normal(size=(n, m, d)) / np.sqrt(d)
+    z = rng.uniform(size=(n, m)) < p
+    agg = np.einsum("m,nm,nmd->nd", a / p, z, g)
+    emp = np.mean(np.sum((agg - agg.mean(0)) ** 2, 1))
+    v = wt.peer_variances(
+        jnp.asarray(sigma**2), jnp.asarray(np.sum(mean**2, 1) + sigma**2), jnp.asarray(p)
+    )
+    np.testing.assert_allclose(emp, float(np.sum(a**2 * np.asarray(v))), rtol=0.01)
+
+
+def test_ema_noise_gram_matches_simulated_emas():
+    """E[b_hat_i . b_hat_j] - b_i . b_j of EMAs of g_i - g_0 with Gaussian noise."""
+    rng = np.random.default_rng(2)
+    m, d, steps, reps, beta = 3, 2, 6, 100_000, 0.3
+    sig = np.array([0.7, 1.0, 0.5])  # per-step gradient noise std (total over d)
+    noise = sig[None, None, :, None] * rng.normal(size=(reps, steps, m, d)) / np.sqrt(d)
+    diff = noise - noise[:, :, :1]  # target = row 0; true bias 0
+    ema = diff[:, 0]
+    for t in range(1, steps):
+        ema = (1 - beta) * ema + beta * diff[:, t]
+    emp = np.einsum("rid,rjd->ij", ema, ema) / reps
+    got = wt.ema_noise_gram(jnp.asarray(sig**2), jnp.full(m, steps, jnp.int32), beta, jnp.int32(0))
+    np.testing.assert_allclose(np.asarray(got), emp, atol=0.01)
+
+
+def test_debiased_bound_matrix_is_psd_and_removes_pure_noise():
+    bias = jnp.asarray(np.random.default_rng(3).normal(size=(4, 6)), jnp.float32)
+    noise = bias @ bias.T  # everything is noise
+    h = np.asarray(wt.bound_matrix(bias, jnp.ones(4), 1.0, 0.5, noise))
+    np.testing.assert_allclose(h, 0.5 * np.eye(4), atol=1e-4)
+
+
+def test_ftal_step_accumulates_hazan_surrogate():
+    rng = np.random.default_rng(4)
+    b = rng.normal(size=(3, 5))
+    h = b @ b.T + np.eye(3)
+    alpha = np.array([0.5, 0.3, 0.2])
+    lam = 0.1
+    quad, lin, beta = wt.ftal_step(
+        jnp.zeros((3, 3)), jnp.zeros(3), jnp.asarray(h), jnp.float32(lam), jnp.asarray(alpha)
+    )
+    g = 2 * h @ alpha + 3 * lam * alpha**2
+    g_bound = 2 * np.linalg.norm(h, axis=0).max() + 3 * lam
+    want_beta = 0.5 * min(1 / (4 * g_bound * np.sqrt(2)), 1 / (2 * np.diag(h).max()))
+    np.testing.assert_allclose(float(beta), want_beta, rtol=1e-5)
+    # the surrogate a^T quad a + lin . a equals grad . a + beta/2 (grad . (a - alpha))^2 + const
+    a = np.array([0.1, 0.6, 0.3])
+    sur = a @ np.asarray(quad) @ a + np.asarray(lin) @ a
+    ref = g @ a + 0.5 * want_beta * (g @ (a - alpha)) ** 2
+    const = 0.5 * want_beta * (g @ alpha) ** 2
+    np.testing.assert_allclose(sur + const, ref, rtol=1e-4)
+
+
+def test_similarity_and_cluster_weights():
+    g = jnp.asarray([[1.0, 0.0], [1.0, 1.0], [-1.0, 0.0], [0.0, 2.0]])
+    w = np.asarray(wt.similarity_weights(g, jnp.int32(0)))
+    cos = np.array([1.0, 1 / np.sqrt(2), 0.0, 0.0])
+    np.testing.assert_allclose(w, cos / cos.sum(), rtol=1e-6)
+    c = np.asarray(wt.cluster_weights(jnp.asarray([0, 1, 0, 0]), jnp.int32(0)))
+    np.testing.assert_allclose(c, [1 / 3, 0, 1 / 3, 1 / 3], rtol=1e-6)
+
+
+# ----------------------------------------------------------------------- the simulation
+def one_example_clients():
+    """Four linreg clients holding ONE example each: every minibatch draw is that example,
+    so the stochastic gradients are exact and one step has a closed form."""
+    rng = np.random.default_rng(5)
+    xs = [rng.normal(size=(1, 3)).astype(np.float32) for _ in range(4)]
+    ys = [rng.normal(size=1).astype(np.float32) for _ in range(4)]
+    ds = FederatedDataset(
+        "one", from_client_arrays(xs, ys), from_client_arrays(xs, ys), jnp.zeros((1, 3)),
+        jnp.zeros(1), "regression", None, (3,), "linreg", {"cluster": [0, 0, 1, 1]},
+    )  # fmt: skip
+    return ds, np.concatenate(xs), np.concatenate(ys)
+
+
+def test_one_step_is_the_weighted_gradient_step_and_the_bias_ema_starts_exact():
+    ds, x, y = one_example_clients()
+    model = linreg(3)
+    cfg = PersonalizedConfig(method="oracle", lr=0.1, batch_size=4, update_every=1)
+    sim = PersonalizedSimulation(ds, model, cfg)
+    state = sim.init(0)
+    w0 = np.asarray(state.targets.params[0])
+    state, _ = sim.run_epochs(state, 1)
+    grads = 2 * (x @ w0 - y)[:, None] * x  # per client, the model's squared error
+    for t, cl in enumerate([0, 0, 1, 1]):
+        alpha = np.array([1, 1, 0, 0] if cl == 0 else [0, 0, 1, 1]) / 2
+        np.testing.assert_allclose(
+            np.asarray(state.targets.params[t]), w0 - 0.1 * alpha @ grads, rtol=1e-5, atol=1e-6
+        )
+        np.testing.assert_allclose(
+            np.asarray(state.targets.bias[t]), grads - grads[t], rtol=1e-5, atol=1e-6
+        )
+    # one example per client: the two half-batch gradients agree, so zero variance
+    np.testing.assert_allclose(np.asarray(state.targets.var), 0.0, atol=1e-10)
+
+
+def test_partial_participation_update_is_unbiased():
+    """E[w_1] over participation draws equals the full-participation step (1/p scaling)."""
+    ds, x, y = one_example_clients()
+    cfg = PersonalizedConfig(
+        method="uniform", lr=0.1, batch_size=4, update_every=1, participation=0.4
+    )
+    sim = PersonalizedSimulation(ds, linreg(3), cfg, targets=[1])
+    base = sim.init(0)
+    w0 = np.asarray(base.targets.params[0])
+    ends = []
+    for s in range(600):
+        st, _ = sim.run_epochs(base.replace(key=jax.random.key(s)), 1)
+        ends.append(np.asarray(st.targets.params[0]))
+    ends = np.stack(ends)
+    grads = 2 * (x @ w0 - y)[:, None] * x
+    full_step = w0 - 0.1 * grads.mean(0)
+    # standard error of the mean from the per-peer Bernoulli noise
+    per_peer = 0.1 * 0.25 * np.abs(grads) * np.sqrt((1 - 0.4) / 0.4)
+    se = np.sqrt(np.sum(per_peer[[0, 2, 3]] ** 2, 0) / len(ends))
+    assert np.all(np.abs(ends.mean(0) - full_step) < 5 * se + 1e-6)
+
+
+def test_half_batch_variance_estimate_is_unbiased():
+    """E ||g_a - g_b||^2 / 4 = trace Cov of the batch-mean gradient (with replacement), exact
+    per-example gradients in NumPy."""
+    ds = planted_regression(num_clients=2, n_train=6, seed=6)
+    model = linreg()
+    cfg = PersonalizedConfig(method="local", lr=0.1, batch_size=4)
+    sim = PersonalizedSimulation(ds, model, cfg, targets=[0])
+    theta = sim.initial_params(0)
+    keys = jax.random.split(jax.random.key(7), 20000)
+    _, grads = jax.jit(jax.vmap(lambda k: sim._peer_grads(theta, ds.train, jnp.int32(0), k)))(keys)
+    est = np.mean(0.25 * np.sum((np.asarray(grads[:, 0]) - np.asarray(grads[:, 1])) ** 2, 1))
+    x, y = ds.train.client_arrays(0)
+    per = 2 * (x @ np.asarray(theta) - y)[:, None] * x
+    want = np.mean(np.sum((per - per.mean(0)) ** 2, 1)) / 4
+    np.testing.assert_allclose(est, want, rtol=0.05)
+
+
+def test_exact_bound_terms_match_numpy():
+    """With track_bound, the exact full-data bias, variance and gradient error at the initial
+    model (uniform weights) against a NumPy computation."""
+    ds = planted_regression(num_clients=4, n_train=7, seed=8)
+    cfg = PersonalizedConfig(method="uniform", lr=0.05, batch_size=4, participation=0.5)
+    sim = PersonalizedSimulation(ds, linreg(), cfg, targets=[0, 3])
+    state = sim.init(0)
+    ev = sim.evaluate(state, track_bound=True)
+    w = np.asarray(sim.initial_params(0), np.float64)
+    means, sig2 = [], []
+    for k in range(4):
+        x, y = ds.train.client_arrays(k)
+        per = 2 * (x @ w - y)[:, None] * x
+        means.append(per.mean(0))
+        sig2.append(np.mean(np.sum((per - per.mean(0)) ** 2, 1)) / 4)
+    means, sig2 = np.stack(means), np.array(sig2)
+    a = np.full(4, 0.25)
+    for j, t in enumerate([0, 3]):
+        p = np.where(np.arange(4) == t, 1.0, 0.5)
+        v = sig2 + (1 / p - 1) * (sig2 + np.sum(means**2, 1))
+        bias = means - means[t]
+        err = np.sum((a @ bias) ** 2) + np.sum(a**2 * v)
+        np.testing.assert_allclose(ev["grad_error"][j], err, rtol=1e-4)
+        np.testing.assert_allclose(ev["grad_norm_sq"][j], np.sum(means[t] ** 2), rtol=1e-4)
+        lr_l = float(state.targets.smoothness[j]) * 0.05
+        np.testing.assert_allclose(
+            ev["bound_true"][j], np.sum((a @ bias) ** 2) + lr_l * np.sum(a**2 * v), rtol=1e-4
+        )
+
+
+# ----------------------------------------------------------------- planted two clusters
+@pytest.fixture(scope="module")
+def planted_runs():
+    ds = planted_regression(num_clients=8, n_train=10, seed=0)
+    model = linreg()
+    cfg = PersonalizedConfig(lr=0.05, batch_size=8, update_every=5)
+    runs = {
+        m: run_method(m, ds, model, epochs=40, eval_every=20, config=cfg, seed=0)
+        for m in ("sp_cacw", "local", "fedavg")
+    }
+    return ds, runs
+
+
+def test_planted_weights_concentrate_on_the_own_cluster(planted_runs):
+    ds, runs = planted_runs
+    row = summary_row(runs["sp_cacw"])
+    assert row["own_cluster_mass"] > 0.9  # uniform weights would give 0.5
+    w = runs["sp_cacw"].weights[-1]
+    cl = np.asarray(ds.info["cluster"])
+    same = (cl[:, None] == cl[None, :]) & ~np.eye(len(cl), dtype=bool)
+    other = cl[:, None] != cl[None, :]
+    # same-cluster peers are used (variance reduction), other-cluster peers hardly
+    assert w[same].mean() > 5 * w[other].mean()
+    assert np.mean(np.diag(w)) < 0.8
+
+
+def test_planted_target_beats_fedavg_and_local(planted_runs):
+    _, runs = planted_runs
+    loss = {m: r.final("test_loss") for m, r in runs.items()}
+    assert np.mean(loss["sp_cacw"]) < 0.9 * np.mean(loss["local"])
+    assert np.mean(loss["sp_cacw"]) < 0.5 * np.mean(loss["fedavg"])
+    assert np.mean(loss["sp_cacw"] < loss["local"]) >= 0.6
+
+
+def test_same_seed_same_results_and_targets_are_independent():
+    ds = planted_regression(num_clients=6, n_train=9, seed=9)
+    cfg = PersonalizedConfig(lr=0.05, batch_size=4, update_every=3)
+    sim = PersonalizedSimulation(ds, linreg(), cfg)
+    a, log_a = sim.run_epochs(sim.init(3), 4)
+    b, log_b = sim.run_epochs(sim.init(3), 4)
+    np.testing.assert_array_equal(np.asarray(a.targets.params), np.asarray(b.targets.params))
+    np.testing.assert_array_equal(log_a.alpha, log_b.alpha)
+    sub = PersonalizedSimulation(ds, linreg(), cfg, targets=[4, 1])
+    c, _ = sub.run_epochs(sub.init(3), 4)
+    np.testing.assert_allclose(
+        np.asarray(c.targets.params), np.asarray(a.targets.params)[[4, 1]], rtol=1e-5, atol=1e-6
+    )
+    chunked = PersonalizedSimulation(ds, linreg(), dataclasses.replace(cfg, target_chunk=4))
+    d, _ = chunked.run_epochs(chunked.init(3), 4)
+    np.testing.assert_allclose(
+        np.asarray(d.targets.params), np.asarray(a.targets.params), rtol=1e-5, atol=1e-6
+    )
+
+
+def test_ifca_recovers_planted_clusters_with_numpy_assignment():
+    ds = planted_regression(num_clients=8, n_train=10, seed=1)
+    algo = IFCA(ds, linreg(), num_clusters=2, lr=0.05, batch_size=8, local_steps=5)
+    state = algo.run_rounds(algo.init(0), 15, seed=0, start=0)
+    assign = np.asarray(algo._assign(state.params, ds.train))
+    cl = np.asarray(ds.info["cluster"])
+    assert len(set(zip(assign, cl, strict=True))) == 2  # a bijection between the labels
+    losses = []
+    for j in range(2):
+        w = np.asarray(state.params[j])
+        losses.append(
+            [np.mean((ds.train.client_arrays(k)[0] @ w - ds.train.client_arrays(k)[1]) ** 2)
+             for k in range(8)]
+        )  # fmt: skip
+    np.testing.assert_array_equal(assign, np.argmin(np.array(losses), 0))
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"method": "best"}, "method"),
+        ({"batch_size": 5}, "batch_size"),
+        ({"ema": 0.0}, "ema"),
+        ({"participation": 1.5}, "participation"),
+        ({"solver": "newton"}, "solver"),
+        ({"lr": -1.0}, "lr"),
+        ({"update_every": 0}, "update_every"),
+    ],
+)
+def test_bad_configuration_names_the_value(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        PersonalizedConfig(**kwargs).validate()
+
+
+def test_bad_inputs_raise_config_errors():
+    ds = planted_regression(num_clients=4, seed=2)
+    no_clusters = dataclasses.replace(ds, info={})
+    with pytest.raises(ConfigError, match="clusters"):
+        PersonalizedSimulation(no_clusters, linreg(), PersonalizedConfig(method="oracle"))
+    with pytest.raises(ConfigError, match="targets"):
+        PersonalizedSimulation(ds, linreg(), PersonalizedConfig(), targets=[0, 9])
+    with pytest.raises(ConfigError, match="per-client test"):
+        PersonalizedSimulation(dataclasses.replace(ds, test=None), linreg(), PersonalizedConfig())
+    with pytest.raises(ConfigError, match="personalized method"):
+        run_method("fedprox", ds, linreg(), epochs=1)
