@@ -1,0 +1,205 @@
+"""CA-Fed, Correlation-Aware FL (Rodio, Faticanti, Marfoq, Neglia, Leonardi; IEEE/ACM ToN 2024,
+Algorithm 1): aggregation weights ``q = alpha / pi_hat`` (Guideline C) on the clients left after a
+greedy exclusion of highly correlated (high ``lambda_hat``) and rarely available (low
+``pi_hat``) clients, as long as the error proxy ``eps_hat`` (eq. 20) falls.
+
+One round (Algorithm 1, lines 3-12):
+
+1. The available clients ``A_t`` report their loss ``F_k^(t)`` of the current model (line 3).
+2. The server updates ``F_hat`` with the auto-regressive filter of eq. 17
+   (``F_hat <- (1 - beta 1_A) F_hat + beta 1_A F``), ``F_hat^* = min_{s <= t} F_hat^(s)``,
+   ``Gamma' = max_k (F_hat_k - F_hat_k^*)`` (eq. 19) and ``pi_hat``, ``lambda_hat`` (line 4).
+3. ``q = alpha / pi_hat``; ``get()`` by descending ``lambda_hat``, then by ascending ``pi_hat``
+   (lines 5-7; :func:`fedjax_sel.kernels.ca_fed.ca_fed_exclusions`, ``O(K log K)``).
+4. The available clients with ``q_k > 0`` train; the server applies ``sum_k q_k Delta_k`` with
+   the server learning rate (eq. 3, line 12): the weights are not normalised.
+
+Where the paper and the public code (``reference/algorithms.md`` 2) differ, the code's choice is
+an option: ``lambda_order="abs"`` (the code sorts by ``|lambda_hat|``), ``optimum="zero"`` (the
+code's ``F_k^* = 0`` on MNIST/CIFAR), ``loss_source="validation"`` (the code's loss on the
+clients' held-out split), ``estimator="reference"`` (its biased ``lambda_hat``). The code's
+``bias_const`` c multiplies ``max g * TV^2`` without the factor 4 of eq. 20: ``c = 4 kappa2``.
+The code's ``smoothness_param`` s weights the old estimate: ``beta = 1 - s``.
+
+A flat proxy: when every ``g_k = 0`` (so ``Gamma' = 0``; with ``F_hat^*`` the running minimum this
+is always the case in the first round, and whenever no client's loss rose), ``eps_hat`` is the
+same for every allocation and line 19 (``0 >= tau = 0``) would accept every exclusion down to a
+single client. CA-Fed then keeps every client (the unbiased allocation of Guideline C) instead;
+``keep_all_when_flat=False`` applies Algorithm 1 literally.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax.numpy as jnp
+
+from fedjax_sel.availability import estimators as est
+from fedjax_sel.base import Array, ConfigError, Selection, Strategy, update_identity
+from fedjax_sel.kernels.ca_fed import LAMBDA_ORDERS, ca_fed_exclusions
+from fedjax_sel.strategies import _ca_fed_common as common
+from fedjax_sel.strategies.registry import register_strategy
+
+OPTIMA = ("running_min", "zero")
+LOSS_SOURCES = ("batch", "train", "validation")
+
+
+class CAFedState(NamedTuple):
+    """CA-Fed's server state.
+
+    Attributes:
+      counts: availability statistics for the Bayesian estimators.
+      loss_est: float32[K], ``F_hat`` (eq. 17).
+      loss_min: float32[K], ``F_hat^*``, the running minimum of ``F_hat`` (+inf before any).
+      started: bool scalar, some client has reported a loss.
+      kept: bool[K], this round's ``q_k > 0`` (after both passes of ``get()``).
+      gamma: float32 scalar, this round's ``Gamma'``.
+      pi_hat, lam_hat: float32[K], this round's availability estimates.
+    """
+
+    counts: est.AvailabilityCounts
+    loss_est: Array
+    loss_min: Array
+    started: Array
+    kept: Array
+    gamma: Array
+    pi_hat: Array
+    lam_hat: Array
+
+
+def update_loss_estimates(
+    loss_est: Array, loss_min: Array, started: Array, loss: Array, available: Array, beta: float
+) -> tuple[Array, Array, Array]:
+    """Eq. 17 and the running minimum ``F_hat^*``. The first round with reports sets
+    ``F_hat_k = F_k`` for the reporting clients and their mean for the others (the reference
+    code's initialisation of ``F_hat^(0)``); later rounds filter the reports of ``A_t`` only.
+
+    Returns ``(loss_est, loss_min, started)``.
+    """
+    n = jnp.sum(available)
+    mean = jnp.sum(jnp.where(available, loss, 0.0)) / jnp.maximum(n, 1)
+    first = jnp.where(available, loss, mean)
+    filtered = jnp.where(available, (1.0 - beta) * loss_est + beta * loss, loss_est)
+    loss_est = jnp.where(started, filtered, jnp.where(n > 0, first, loss_est))
+    started = started | (n > 0)
+    loss_min = jnp.where(started, jnp.minimum(loss_min, loss_est), loss_min)
+    return loss_est, loss_min, started
+
+
+@register_strategy(
+    "ca_fed",
+    description="CA-Fed: weights alpha/pi on clients kept by a greedy exclusion of correlated, "
+    "rarely available ones (use per_round = K)",
+    reference="Rodio et al., Federated Learning under Heterogeneous and Correlated Client "
+    "Availability, IEEE/ACM ToN 2024 (INFOCOM 2023)",
+)
+def ca_fed(
+    *,
+    per_round: int,
+    kappa2: float = 1.0,
+    tau: float = 0.0,
+    beta: float = 1.0,
+    optimum: str = "running_min",
+    loss_source: str = "batch",
+    loss_batch_size: int = 32,
+    lambda_order: str = "signed",
+    estimator: str = "auto",
+    prior: str = "flat",
+    prior_rounds: float = 2.0,
+    weighting: str = "size",
+    keep_all_when_flat: bool = True,
+) -> Strategy:
+    """CA-Fed (Algorithm 1; see the module docstring).
+
+    Args:
+      per_round: slots; CA-Fed trains every available kept client, so use ``per_round = K``
+        (with fewer slots the kept clients with the largest ``q_k`` are trained, the rest
+        dropped).
+      kappa2: ``kappa_bar^2 >= 0``, the weight of the bias term (section IV-C); large values
+        reduce CA-Fed to Unbiased.
+      tau: threshold ``tau >= 0`` of the greedy (line 19).
+      beta: eq. 17's weight of the new loss, in (0, 1]; 1 keeps only the latest report (the
+        paper's experiments: the code's smoothness 0).
+      optimum: ``running_min`` (``F_hat^* = min_s F_hat^(s)``, section IV-B) or ``zero``.
+      loss_source: the reported ``F_k^(t)``: ``batch`` (one minibatch of ``loss_batch_size``
+        training examples, line 3), ``train`` (all training examples) or ``validation`` (the
+        client's held-out split, the reference code; needs ``test_fraction > 0``).
+      loss_batch_size: minibatch of the ``batch`` loss.
+      lambda_order: ``signed`` (Algorithm 1) or ``abs`` (the code's ``|lambda_hat|``).
+      estimator: ``auto``, ``oracle``, ``bayes`` or ``reference`` (see
+        :mod:`fedjax_sel.strategies._ca_fed_common`).
+      prior: ``flat`` or ``truth`` (the Beta prior's centre).
+      prior_rounds: the Beta prior's weight H in pseudo-rounds.
+      weighting: ``alpha``: ``size`` (``n_k / n``, the paper) or ``uniform``.
+      keep_all_when_flat: keep every client when ``Gamma' = 0`` (see the module docstring).
+    """
+    common.check_availability_args(estimator, prior, prior_rounds, weighting)
+    if not kappa2 >= 0:
+        raise ConfigError(f"ca_fed kappa2 must be >= 0, got {kappa2!r}")
+    if not tau >= 0:
+        raise ConfigError(f"ca_fed tau must be >= 0, got {tau!r}")
+    if not 0 < beta <= 1:
+        raise ConfigError(f"ca_fed beta (eq. 17) must lie in (0, 1], got {beta!r}")
+    if optimum not in OPTIMA:
+        raise ConfigError(f"ca_fed optimum must be one of {OPTIMA}, got {optimum!r}")
+    if loss_source not in LOSS_SOURCES:
+        raise ConfigError(f"ca_fed loss_source must be one of {LOSS_SOURCES}, got {loss_source!r}")
+    if loss_batch_size < 1:
+        raise ConfigError(f"ca_fed loss_batch_size must be >= 1, got {loss_batch_size}")
+    if lambda_order not in LAMBDA_ORDERS:
+        raise ConfigError(f"ca_fed lambda_order must be one of {LAMBDA_ORDERS}: {lambda_order!r}")
+
+    def init(key, spec):
+        del key
+        k = spec.num_clients
+        zeros = jnp.zeros((k,), jnp.float32)
+        return CAFedState(
+            counts=est.init_counts(k),
+            loss_est=zeros,
+            loss_min=jnp.full((k,), jnp.inf, jnp.float32),
+            started=jnp.zeros((), bool),
+            kept=jnp.ones((k,), bool),
+            gamma=jnp.zeros((), jnp.float32),
+            pi_hat=zeros,
+            lam_hat=zeros,
+        )
+
+    def reported_losses(inputs, oracle, key):
+        every = jnp.arange(inputs.available.shape[0], dtype=jnp.int32)
+        if loss_source == "batch":
+            return oracle.batch_loss(inputs.params, every, key, loss_batch_size)
+        if loss_source == "train":
+            return oracle.all_losses(inputs.params)
+        if oracle.client_test_loss is None:
+            raise ConfigError("ca_fed loss_source=validation needs per-client test splits")
+        return oracle.client_test_loss(inputs.params, every)
+
+    def select(state, inputs, oracle, key):
+        pi_hat, lam_hat, counts = common.availability_estimates(
+            state.counts, inputs, estimator=estimator, prior=prior, prior_rounds=prior_rounds
+        )
+        loss = reported_losses(inputs, oracle, key).astype(jnp.float32)
+        loss_est, loss_min, started = update_loss_estimates(
+            state.loss_est, state.loss_min, state.started, loss, inputs.available, beta
+        )
+        optimum_est = loss_min if optimum == "running_min" else jnp.zeros_like(loss_min)
+        gap = jnp.where(started, loss_est - optimum_est, 0.0)
+        alpha = common.target_importance(inputs.num_examples, weighting)
+        kept, gamma = ca_fed_exclusions(
+            alpha, gap, pi_hat, lam_hat, kappa2=kappa2, tau=tau, lambda_order=lambda_order
+        )
+        if keep_all_when_flat:
+            kept = kept | (gamma <= 0)
+        q = alpha / pi_hat
+        clients, mask = common.pack_slots(kept & inputs.available, q, per_round)
+        weights = jnp.where(mask, q[clients], 0.0)
+        new_state = CAFedState(
+            counts, loss_est, loss_min, started, kept, gamma.astype(jnp.float32), pi_hat, lam_hat
+        )
+        return Selection(clients, mask, weights), new_state
+
+    def metrics(state, params, evaluator):
+        del params, evaluator
+        return {"ca_fed_kept": jnp.sum(state.kept), "ca_fed_gamma": state.gamma}
+
+    return Strategy(init, select, update_identity, metrics=metrics)

@@ -1,0 +1,103 @@
+"""F3AST (Ribero, Vikalo and de Veciana, IEEE JSTSP 2023) as CA-Fed compares with it (section
+V-A c, baseline 4; ``reference/algorithms.md`` 3.3).
+
+Each round F3AST selects, among the available clients, the ``m`` with the largest
+``alpha_k^2 / r_k^2`` and weights them ``alpha_k / r_k`` (not normalised), where ``r_k``
+estimates client ``k``'s participation rate:
+
+* ``variant="paper"`` (default): the exponential moving average of past selections,
+  ``r_k <- (1 - beta) r_k + beta 1{k in S_t}``, from ``r_k = m / K``; rarely selected clients
+  see ``r_k`` fall and are favoured next.
+* ``variant="reference"``: the CA-Fed code's non-recursive rate of availability,
+  ``r_k = (1 - beta) pi_hat_k + beta`` for the available clients, recomputed every round.
+
+``beta = 0`` means ``1 / T`` (the code's hard-wired choice).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax.numpy as jnp
+
+from fedjax_sel.availability import estimators as est
+from fedjax_sel.base import Array, ConfigError, Selection, Strategy, update_identity
+from fedjax_sel.strategies import _ca_fed_common as common
+from fedjax_sel.strategies.registry import register_strategy
+
+VARIANTS = ("paper", "reference")
+RATE_FLOOR = 1e-6
+
+
+class F3astState(NamedTuple):
+    """``counts``: availability statistics; ``rate``: float32[K], ``r_k`` (``paper``: the
+    selection EMA; ``reference``: this round's rate); ``beta``: float32 scalar."""
+
+    counts: est.AvailabilityCounts
+    rate: Array
+    beta: Array
+
+
+@register_strategy(
+    "f3ast",
+    description="top-m available clients by alpha^2/r^2, weights alpha/r (r: selection-rate EMA)",
+    reference="Ribero, Vikalo, de Veciana 2023 (F3AST), as in Rodio et al. 2023 (CA-Fed)",
+)
+def f3ast(
+    *,
+    per_round: int,
+    budget: int = 0,
+    beta: float = 0.0,
+    variant: str = "paper",
+    estimator: str = "auto",
+    prior: str = "flat",
+    prior_rounds: float = 2.0,
+    weighting: str = "size",
+) -> Strategy:
+    """F3AST (see the module docstring).
+
+    Args:
+      per_round: slots.
+      budget: ``m``, clients selected per round (``0`` means ``per_round``); ``<= per_round``.
+      beta: EMA / mixing weight in (0, 1]; ``0`` means ``1 / T``.
+      variant: ``paper`` (selection-rate EMA) or ``reference`` (the CA-Fed code).
+      estimator, prior, prior_rounds: where ``pi_hat`` comes from (``reference`` variant; see
+        :mod:`fedjax_sel.strategies._ca_fed_common`).
+      weighting: ``alpha``: ``size`` (``n_k / n``) or ``uniform``.
+    """
+    common.check_availability_args(estimator, prior, prior_rounds, weighting)
+    m = per_round if budget == 0 else int(budget)
+    if not 1 <= m <= per_round:
+        raise ConfigError(f"f3ast budget must lie in [1, per_round={per_round}], got {budget}")
+    if not 0 <= beta <= 1:
+        raise ConfigError(f"f3ast beta must lie in [0, 1] (0 means 1/T), got {beta!r}")
+    if variant not in VARIANTS:
+        raise ConfigError(f"f3ast variant must be one of {VARIANTS}, got {variant!r}")
+
+    def init(key, spec):
+        del key
+        k = spec.num_clients
+        b = beta if beta > 0 else 1.0 / spec.num_rounds
+        rate = jnp.full((k,), min(m / k, 1.0), jnp.float32)
+        return F3astState(est.init_counts(k), rate, jnp.float32(b))
+
+    def select(state, inputs, oracle, key):
+        del oracle, key
+        pi_hat, _, counts = common.availability_estimates(
+            state.counts, inputs, estimator=estimator, prior=prior, prior_rounds=prior_rounds
+        )
+        b = state.beta
+        rate = state.rate if variant == "paper" else (1 - b) * pi_hat + b
+        rate = jnp.maximum(rate, RATE_FLOOR)
+        alpha = common.target_importance(inputs.num_examples, weighting)
+        chosen, chosen_ok = common.pack_slots(inputs.available, jnp.square(alpha / rate), m)
+        pad = per_round - m
+        clients = jnp.concatenate([chosen, jnp.zeros((pad,), jnp.int32)])
+        mask = jnp.concatenate([chosen_ok, jnp.zeros((pad,), bool)])
+        weights = jnp.where(mask, (alpha / rate)[clients], 0.0)
+        if variant == "paper":
+            picked = jnp.zeros_like(inputs.available).at[chosen].max(chosen_ok)
+            rate = (1 - b) * state.rate + b * picked.astype(jnp.float32)
+        return Selection(clients, mask, weights), F3astState(counts, rate, b)
+
+    return Strategy(init, select, update_identity)
