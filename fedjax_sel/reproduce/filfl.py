@@ -25,7 +25,7 @@ MNIST otherwise; the paper's CIFAR-10 parts (``variable``, ``divfl``, ``ratio``)
 with the CNN (not ResNet-18) when it can be loaded, else the image task. The CPU size always
 uses MNIST (Dirichlet 0.3) with the 784-200-200-10 MLP.
 The CPU size also shrinks Shakespeare (40 roles of at most 400 windows, n = 28, K = 4, a
-64-unit LSTM, 10 local steps, 60 rounds): ``--full`` restores the paper's settings.
+64-unit LSTM, 10 local steps, 120 rounds): ``--full`` restores the paper's settings.
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def shakespeare_task(full: bool) -> Task:
             filter_size=34, local_epochs=1, batch_size=64, lr=0.8,
         )  # fmt: skip
     return Task(
-        "shakespeare", "shakespeare_filfl", 40, 28, 4, 60, 5, model="lstm",
+        "shakespeare", "shakespeare_filfl", 40, 28, 4, 120, 10, model="lstm",
         dataset_args={"max_examples": 400}, model_args={"lstm_hidden": 64}, filter_size=34,
         local_steps=10, batch_size=16, lr=0.8,
     )  # fmt: skip
@@ -317,7 +317,7 @@ def compare(
         bands=bands,
         title=f"{name}: {task.name}, {runner.seeds} seed(s)",
     )
-    return {"rows": rows, "paper": PAPER.get(name, "")}
+    return {"rows": rows, "paper": PAPER.get(name, ""), "seeds": runner.seeds}
 
 
 def _filtered_fraction(runs: list[dict], task: Task) -> float | None:
@@ -407,7 +407,7 @@ def ratio_report(runner: Runner, task: Task) -> dict:
     fig.tight_layout()
     fig.savefig(runner.out / "ratio.png", dpi=110)
     plt.close(fig)
-    return {"rows": rows, "paper": PAPER["ratio"]}
+    return {"rows": rows, "paper": PAPER["ratio"], "seeds": runner.seeds}
 
 
 @register_reproduction(
