@@ -75,7 +75,7 @@ def build_simulation(config: RunConfig, dataset: FederatedDataset | None = None)
         model_args["ridge_coef"] = float(model_args.pop("ridge"))
     if "hidden" in model_args and isinstance(model_args["hidden"], str):
         model_args["hidden"] = tuple(int(h) for h in model_args["hidden"].split("-") if h)
-    for key in ("embed_dim", "lstm_hidden", "lstm_layers"):
+    for key in ("embed_dim", "lstm_hidden", "lstm_layers", "width", "groups"):
         if key in model_args:
             model_args[key] = int(model_args[key])
     model = make_model(

@@ -95,3 +95,24 @@ def test_make_model_errors():
         make_model("cnn", input_shape=(60,), num_classes=10)
     with pytest.raises(ConfigError, match="ridge"):
         make_model("logreg", input_shape=(4,), num_classes=2, ridge_coef=-1)
+
+
+def test_resnet18_through_make_model():
+    # make_model("resnet18") is the GroupNorm ResNet-18 of models/resnet.py, with the ridge term
+    from fedjax_sel.models.resnet import make_resnet18
+
+    model = make_model("resnet18", input_shape=(8, 8, 3), num_classes=5, width=4, ridge_coef=0.1)
+    direct = make_resnet18(input_shape=(8, 8, 3), num_classes=5, width=4)
+    params = model.init(jax.random.key(0))
+    x = jax.random.normal(jax.random.key(1), (2, 8, 8, 3))
+    np.testing.assert_array_equal(model.apply(params, x), direct.apply(params, x))
+    assert model.apply(params, x).shape == (2, 5)
+    kernels = [
+        leaf
+        for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+        if "kernel" in jax.tree_util.keystr(path)
+    ]
+    expected = 0.05 * sum(float(np.sum(np.square(k))) for k in kernels)
+    np.testing.assert_allclose(float(model.regularizer(params)), expected, rtol=1e-5)
+    with pytest.raises(ConfigError, match="width=5"):
+        make_model("resnet18", input_shape=(8, 8, 3), num_classes=5, width=5, groups=2)

@@ -82,6 +82,7 @@ MODELS: dict[str, str] = {
     "mlp": "multilayer perceptron, hidden sizes 200-200 by default (MNIST 784-200-200-10)",
     "cnn": "CNN: two 5x5 conv (32, 64) + 2x2 max-pool, dense 512, dense classes",
     "lstm": "character LSTM: 8-dim embedding, two 256-unit LSTM layers, next-character logits",
+    "resnet18": "ResNet-18 with GroupNorm (CIFAR stem; --model-arg width=64,groups=2)",
 }
 
 
@@ -96,6 +97,8 @@ def make_model(
     embed_dim: int = 8,
     lstm_hidden: int = 256,
     lstm_layers: int = 2,
+    width: int = 64,
+    groups: int = 2,
 ) -> Model:
     """Builds the model ``name`` (a key of :data:`MODELS`) for the given input shape.
 
@@ -108,6 +111,7 @@ def make_model(
       conv_impl: ``"patches"`` (im2col + matmul; vmaps into batched GEMMs, and stays fast inside
         compiled loops on XLA:CPU) or ``"xla"`` (``lax.conv``); both compute the same function.
       embed_dim, lstm_hidden, lstm_layers: the character LSTM's sizes.
+      width, groups: ResNet-18's base width and GroupNorm groups.
     """
     if name not in MODELS:
         raise ConfigError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
@@ -116,6 +120,13 @@ def make_model(
     task = "regression" if name == "linreg" else "classification"
     if task == "classification" and (num_classes is None or num_classes < 2):
         raise ConfigError(f"model {name!r} needs a classification data set (num_classes >= 2)")
+    if name == "resnet18":
+        from fedjax_sel.models.resnet import make_resnet18  # noqa: PLC0415 (cycle: resnet imports us)
+
+        resnet = make_resnet18(
+            input_shape=tuple(input_shape), num_classes=num_classes, width=width, groups=groups
+        )
+        return resnet._replace(regularizer=ridge(ridge_coef) if ridge_coef > 0 else None)
     if name == "logreg":
         module = zoo.Linear(features=num_classes)
     elif name == "linreg":
