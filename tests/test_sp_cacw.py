@@ -257,8 +257,9 @@ def test_exact_bound_terms_match_numpy():
         np.testing.assert_allclose(ev["grad_error"][j], err, rtol=1e-4)
         np.testing.assert_allclose(ev["grad_norm_sq"][j], np.sum(means[t] ** 2), rtol=1e-4)
         lr_l = float(state.targets.smoothness[j]) * 0.05
+        c_b = 1 + 2 * lr_l  # the default appendix-D bound
         np.testing.assert_allclose(
-            ev["bound_true"][j], np.sum((a @ bias) ** 2) + lr_l * np.sum(a**2 * v), rtol=1e-4
+            ev["bound_true"][j], c_b * np.sum((a @ bias) ** 2) + lr_l * np.sum(a**2 * v), rtol=1e-4
         )
 
 
@@ -299,19 +300,19 @@ def test_planted_target_beats_fedavg_and_local(planted_runs):
 
 
 def test_planted_variants_stay_on_the_simplex_and_find_the_own_cluster(planted_runs):
-    """FTAL, the appendix-D bound, partial participation, eta = min(lr, 1/(2L)) and the debiased
-    Gram together (one compile): weights on the simplex, mass on the own cluster, and the
-    step never above 1/(2L) (the appendix-D descent condition)."""
+    """FTAL, the exact-expansion bound, partial participation, eta = min(lr, 1/L) and the
+    debiased Gram together (one compile): weights on the simplex, mass on the own cluster, and
+    the step never above 1/L (that bound's descent condition)."""
     ds, _ = planted_runs
     cfg = dataclasses.replace(
-        PLANTED_CONFIG, solver="ftal", bound="appendix_d", participation=0.7,
+        PLANTED_CONFIG, solver="ftal", bound="descent", participation=0.7,
         lr_rule="smoothness", debias=True,
     )  # fmt: skip
     res = run_method("sp_cacw", ds, linreg(), epochs=40, eval_every=40, config=cfg)
     w = res.weights[-1]
     assert np.all(w >= 0) and np.allclose(w.sum(1), 1.0, atol=1e-5)
     assert summary_row(res)["own_cluster_mass"] > 0.8
-    assert np.all(res.logs.lr <= 1.0 / (2.0 * res.logs.smoothness) + 1e-7)
+    assert np.all(res.logs.lr <= 1.0 / res.logs.smoothness + 1e-7)
     assert np.all(res.logs.lr <= PLANTED_CONFIG.lr + 1e-9)
 
 

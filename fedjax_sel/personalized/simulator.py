@@ -73,7 +73,7 @@ class PersonalizedConfig:
       ema: the bias EMA rate ``beta`` (also used for the variance and norm EMAs).
       participation: ``p``, each peer's Bernoulli participation probability (1/p scaling);
         the target always computes its own gradient.
-      bound: ``descent`` or ``appendix_d`` (see :mod:`.weighting`).
+      bound: ``appendix_d`` (the paper's) or ``descent`` (see :mod:`.weighting`).
       reg_gamma: ``gamma`` in ``lambda_reg = gamma * sigma_0^2`` (paper: 1).
       solver: ``pgd`` (argmin of the current bound) or ``ftal``.
       pgd_steps: projected-gradient iterations per weight update.
@@ -92,7 +92,7 @@ class PersonalizedConfig:
     update_every: int | None = None
     ema: float = 0.1
     participation: float = 1.0
-    bound: str = "descent"
+    bound: str = "appendix_d"
     reg_gamma: float = 1.0
     solver: str = "pgd"
     pgd_steps: int = 200

@@ -16,11 +16,12 @@ With an ``L``-smooth ``f_0`` and step ``eta``, the descent lemma gives, conditio
 
 with two variants (``bound=``):
 
-* ``"descent"`` (default): expand ``E||G||^2 = ||grad f_0 + B alpha||^2 + Var`` exactly;
-  for ``eta <= 1/L``: ``a = 1``, ``c_b = 1``.
-* ``"appendix_d"``: the paper's appendix-D route, ``||x + y||^2 <= 2||x||^2 + 2||y||^2`` on
-  ``E G`` and ``<grad f, grad f + B alpha> >= (||grad f||^2 - ||B alpha||^2) / 2``:
-  ``a = 1 - 2 L eta``, ``c_b = 1 + 2 L eta`` (a descent guarantee needs ``eta < 1/(2L)``).
+* ``"appendix_d"`` (default, the paper's): appendix D.1 bounds the squared norm of ``E G`` by
+  ``||x + y||^2 <= 2||x||^2 + 2||y||^2``, and ``<grad f, grad f + B alpha> >= (||grad f||^2 -
+  ||B alpha||^2) / 2``: ``a = 1 - 2 L eta``, ``c_b = 1 + 2 L eta`` (a descent guarantee needs
+  ``eta < 1/(2L)``).
+* ``"descent"`` (option, ours): expand ``E||G||^2 = ||grad f_0 + B alpha||^2 + Var`` exactly;
+  for ``eta <= 1/L``: ``a = 1``, ``c_b = 1`` (tighter: less weight on the bias term).
 
 The alpha-dependent part is the quadratic loss ``L_t(alpha) = alpha^T H_t alpha`` of appendix D.2
 (convex, exp-concave on the simplex). SP-CACW picks ``alpha`` by minimising it plus the cubic

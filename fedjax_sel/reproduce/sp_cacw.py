@@ -10,7 +10,7 @@ Python or ``$FEDJAX_SEL_SP_CACW_PARTS``, a comma-separated list, from the CLI):
 * ``cifar100``: CIFAR-100 in 5 latent clusters (``clustered_cifar100``, the paper's
   Algorithm 3), CNN; needs ``cifar100.npz`` or tensorflow-datasets, skipped with a message
   otherwise (not in the default CPU parts);
-* ``ablation``: SP-CACW variants on ``mnist_permute``: FTAL solver, the appendix-D bound,
+* ``ablation``: SP-CACW variants on ``mnist_permute``: FTAL solver, the exact-expansion bound,
   partial participation p = 0.5, step 1/L, the debiased bias Gram matrix.
 
 Methods: SP-CACW, local only, FedAvg (global model on each target), uniform peer weights,
@@ -137,9 +137,9 @@ def cifar_setting(data_dir: str | None) -> Setting:
 
 
 ABLATIONS = (
-    ("SP-CACW (PGD, descent bound)", {}),
+    ("SP-CACW (PGD, appendix-D bound)", {}),
     ("SP-CACW FTAL", {"solver": "ftal"}),
-    ("SP-CACW appendix-D bound", {"bound": "appendix_d"}),
+    ("SP-CACW exact-expansion bound", {"bound": "descent"}),
     ("SP-CACW p = 0.5", {"participation": 0.5}),
     ("SP-CACW eta = min(lr, 1/L)", {"lr_rule": "smoothness"}),
     ("SP-CACW debiased Gram", {"debias": True}),
