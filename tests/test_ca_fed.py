@@ -17,7 +17,12 @@ from fedjax_sel.availability.markov_population import (
     population_classes,
 )
 from fedjax_sel.base import AvailabilityParams, ClientOracle, ConfigError, RoundInputs, SimSpec
-from fedjax_sel.kernels.ca_fed import ca_fed_exclusions, ca_fed_get, ca_fed_objective
+from fedjax_sel.kernels.ca_fed import (
+    ca_fed_exclusions,
+    ca_fed_get,
+    ca_fed_objective,
+    descending_order,
+)
 from fedjax_sel.strategies import make_strategy
 from fedjax_sel.strategies.ca_fed import update_loss_estimates
 
@@ -129,6 +134,24 @@ def test_get_in_float32_agrees_wherever_the_decisions_are_not_near_ties():
         np.testing.assert_array_equal(got, want, err_msg=f"trial {trial}")
         compared += 1
     assert compared >= 150
+
+
+def test_descending_order_is_a_stable_descending_argsort():
+    rng = np.random.default_rng(4)
+    special = [-1.5, -0.0, 0.0, 0.3, np.inf, -np.inf, 2.0]
+    x = np.concatenate([rng.choice(special, 60), rng.normal(size=60)]).astype(np.float32)
+    # Python's stable sort by descending value, -0.0 == 0.0, ties by id
+    want = sorted(range(len(x)), key=lambda k: -float(x[k]))
+    np.testing.assert_array_equal(np.asarray(descending_order(jnp.asarray(x))), want)
+
+
+def test_unrolled_scan_gives_the_same_exclusions():
+    rng = np.random.default_rng(6)
+    alpha, gap, pi, lam, kappa2, tau = random_case(rng, 1)
+    args = [jnp.asarray(a, jnp.float32) for a in (alpha, gap, pi, lam)]
+    plain, _ = ca_fed_exclusions(*args, kappa2=kappa2, tau=tau)
+    unrolled, _ = ca_fed_exclusions(*args, kappa2=kappa2, tau=tau, unroll=8)
+    np.testing.assert_array_equal(np.asarray(plain), np.asarray(unrolled))
 
 
 def test_single_pass_with_ties_and_a_partial_kept_set():

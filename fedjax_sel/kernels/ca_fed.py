@@ -50,6 +50,17 @@ def ca_fed_objective(alpha: Array, gap: Array, gamma: Array, kept: Array, kappa2
     return b / s + 4.0 * kappa2 * gamma * jnp.square(1.0 - s)
 
 
+def descending_order(key: Array) -> Array:
+    """``argsort(key, descending=True, stable=True)`` (ties by id) for float32 ``key``: a stable
+    sort of an order-preserving int32 image of the floats, which XLA's CPU sort runs ~1.5x
+    faster than the float comparator. ``-0.0`` and ``0.0`` tie (so do subnormals and zero:
+    XLA flushes them); NaN is not allowed."""
+    bits = jax.lax.bitcast_convert_type(key.astype(jnp.float32) + 0.0, jnp.int32)  # -0 -> +0
+    ascending = jnp.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # float order as int order
+    iota = jnp.arange(key.shape[0], dtype=jnp.int32)
+    return jax.lax.sort((~ascending, iota), num_keys=1, is_stable=True)[1]
+
+
 def _kahan_sub(total: Array, comp: Array, x: Array) -> tuple[Array, Array]:
     """``total - x`` with Kahan compensation ``comp`` (the running rounding error)."""
     y = -x - comp
@@ -66,6 +77,7 @@ def ca_fed_get(
     *,
     kappa2: float | Array = 1.0,
     tau: float | Array = 0.0,
+    unroll: int = 1,
 ) -> Array:
     """One pass of Algorithm 1's ``get()`` (lines 13-22): the clients still kept afterwards.
 
@@ -77,6 +89,8 @@ def ca_fed_get(
       kept: bool[K], the clients with ``q_k > 0`` on entry (at least one).
       kappa2: ``kappa_bar^2``, the weight of the bias term.
       tau: threshold ``tau >= 0`` of line 19.
+      unroll: greedy steps per iteration of the scan's loop (``lax.scan(unroll=)``): fewer
+        loop iterations, which matters on GPUs where each costs a launch.
 
     Returns:
       bool[K], ``q_k > 0`` after the pass.
@@ -88,7 +102,10 @@ def ca_fed_get(
     gap = gap.astype(dt)
     c = 4.0 * jnp.asarray(kappa2, dt) * jnp.asarray(gamma, dt)
     tau = jnp.asarray(tau, dt)
-    order = jnp.argsort(key, descending=True, stable=True)
+    if dt == jnp.float32:
+        order = descending_order(key)
+    else:  # float64 keys (x64 only) would not survive the float32 image
+        order = jnp.argsort(key, descending=True, stable=True)
     a, g, k = alpha[order], gap[order], kept[order]
     s0 = jnp.sum(jnp.where(k, a, 0.0))
     b0 = jnp.sum(jnp.where(k, a * g, 0.0))
@@ -111,11 +128,11 @@ def ca_fed_get(
         return carry, kept_k & ~accept
 
     init = (s0, zero, b0, zero, jnp.sum(k.astype(jnp.int32)))
-    _, kept_sorted = jax.lax.scan(step, init, (a, g, k))
+    _, kept_sorted = jax.lax.scan(step, init, (a, g, k), unroll=unroll)
     return jnp.zeros_like(kept).at[order].set(kept_sorted, unique_indices=True)
 
 
-@functools.partial(jax.jit, static_argnames=("lambda_order",))
+@functools.partial(jax.jit, static_argnames=("lambda_order", "unroll"))
 def ca_fed_exclusions(
     alpha: Array,
     gap: Array,
@@ -126,6 +143,7 @@ def ca_fed_exclusions(
     tau: float | Array = 0.0,
     lambda_order: str = "signed",
     eligible: Array | None = None,
+    unroll: int = 1,
 ) -> tuple[Array, Array]:
     """Algorithm 1, lines 5-7: start from every client kept (``q = alpha / pi_hat``), run
     ``get()`` by descending ``lambda_hat`` (``lambda_order="abs"``: by descending
@@ -133,7 +151,7 @@ def ca_fed_exclusions(
 
     ``eligible`` (bool[K], default all): clients that exist at all; the others start with
     ``q_k = 0`` and ``alpha_k`` should be 0 (padding to a fixed size). Jitted; ``kappa2`` and
-    ``tau`` are traced.
+    ``tau`` are traced; ``unroll`` as in :func:`ca_fed_get`.
 
     Returns:
       ``(kept bool[K], gamma)``: the clients with ``q_k > 0`` and ``Gamma' = max_k g_k``.
@@ -143,6 +161,7 @@ def ca_fed_exclusions(
     kept = jnp.ones(alpha.shape, bool) if eligible is None else eligible.astype(bool)
     gamma = jnp.max(jnp.where(kept, gap, -jnp.inf))
     key1 = jnp.abs(lam_hat) if lambda_order == "abs" else lam_hat
-    kept = ca_fed_get(alpha, gap, gamma, key1, kept, kappa2=kappa2, tau=tau)
-    kept = ca_fed_get(alpha, gap, gamma, -pi_hat, kept, kappa2=kappa2, tau=tau)
+    kw = {"kappa2": kappa2, "tau": tau, "unroll": unroll}
+    kept = ca_fed_get(alpha, gap, gamma, key1, kept, **kw)
+    kept = ca_fed_get(alpha, gap, gamma, -pi_hat, kept, **kw)
     return kept, gamma
