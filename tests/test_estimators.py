@@ -124,3 +124,20 @@ def test_bad_estimator_arguments():
         est.estimate(est.init_counts(2), estimator="mle")
     with pytest.raises(ConfigError, match="prior_rounds"):
         est.check_prior(0.0)
+
+
+def test_estimation_error_curve_matches_estimates_on_prefixes():
+    pi = np.array([0.9, 0.9, 0.1, 0.1, 0.5])
+    lam = np.array([0.9, 0.0, 0.9, 0.0, 0.5])
+    traj = _chains(pi, lam, 300, seed=7)
+    checkpoints = (10, 100, 300)
+    for estimator, run in (("bayes", _run), ("reference", _run_reference)):
+        pi_mae, lam_mae = est.estimation_error_curve(
+            traj, pi, lam, checkpoints, estimator=estimator
+        )
+        for i, t in enumerate(checkpoints):
+            pi_hat, lam_hat = est.estimate(run(traj[:t]), estimator=estimator)
+            np.testing.assert_allclose(pi_mae[i], np.abs(pi_hat - pi).mean(), rtol=1e-5)
+            np.testing.assert_allclose(lam_mae[i], np.abs(lam_hat - lam).mean(), rtol=1e-5)
+    with pytest.raises(ConfigError, match="checkpoints"):
+        est.estimation_error_curve(traj, pi, lam, (0, 10))

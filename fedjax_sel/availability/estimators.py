@@ -24,9 +24,11 @@ Everything is a fixed-shape ``float32[K]`` update, ``O(K)`` per round.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import chex
+import jax
 import jax.numpy as jnp
 
 from fedjax_sel.base import Array, ConfigError
@@ -133,3 +135,43 @@ def check_prior(prior_rounds: float) -> None:
         raise ConfigError(
             f"prior_rounds (the Beta prior's pseudo-rounds H) must be > 0, got {prior_rounds!r}"
         )
+
+
+def estimation_error_curve(
+    trajectory: Array,
+    pi: Array,
+    lam: Array,
+    checkpoints: Sequence[int],
+    *,
+    prior_rounds: float = 2.0,
+    prior_pi: Array | float = 0.5,
+    prior_lam: Array | float = 0.0,
+    estimator: str = "bayes",
+) -> tuple[Array, Array]:
+    """Fig. 4a: the mean absolute errors ``(1/N) sum_k |pi_hat_k - pi_k|`` and
+    ``(1/N) sum_k |lambda_hat_k - lambda_k|`` after each number of observed rounds in
+    ``checkpoints``, from one observed ``trajectory`` bool[T, K] (one scan over T rounds).
+
+    Returns:
+      ``(pi_mae, lambda_mae)``, float32[len(checkpoints)].
+    """
+    check_estimator(estimator)
+    traj = jnp.asarray(trajectory, bool)
+    if min(checkpoints) < 1 or max(checkpoints) > traj.shape[0]:
+        raise ConfigError(f"checkpoints must lie in [1, {traj.shape[0]}], got {checkpoints}")
+
+    def body(counts, available):
+        counts = update_counts(counts, available, estimator=estimator)
+        pi_hat, lam_hat = estimate(
+            counts,
+            prior_rounds=prior_rounds,
+            prior_pi=prior_pi,
+            prior_lam=prior_lam,
+            estimator=estimator,
+        )
+        errors = jnp.stack([jnp.mean(jnp.abs(pi_hat - pi)), jnp.mean(jnp.abs(lam_hat - lam))])
+        return counts, errors
+
+    _, errors = jax.lax.scan(body, init_counts(traj.shape[1]), traj)
+    picked = errors[jnp.asarray(checkpoints) - 1]
+    return picked[:, 0], picked[:, 1]
