@@ -52,6 +52,16 @@ def gather_models(models: Params, index: Array) -> Params:
     return jax.tree.map(lambda m: m[index], models)
 
 
+def trained_models(models: Params, slot_cluster: Array, deltas: Params) -> Params:
+    """The slots' trained models: their start ``models[slot_cluster]`` plus the engine's deltas."""
+    return jax.tree.map(lambda s, d: s + d, gather_models(models, slot_cluster), deltas)
+
+
+def slot_sizes(num_examples: Array, cluster_weighting: str) -> Array:
+    """The slots' weights in a cluster average: ``n_i`` (``size``) or 1 (``uniform``)."""
+    return num_examples if cluster_weighting == "size" else jnp.ones_like(num_examples)
+
+
 def cluster_weights(assign: Array, mask: Array, sizes: Array, num_clusters: int) -> Array:
     """float32[P, k]: slot ``i``'s share in cluster ``j``'s average (columns sum to one, or
     zero for a cluster without a valid slot)."""

@@ -38,6 +38,8 @@ from fedjax_sel.strategies._clustered import (
     cluster_weights,
     gather_models,
     init_cluster_models,
+    slot_sizes,
+    trained_models,
 )
 from fedjax_sel.strategies._common import check_weighting, fedavg_weights
 from fedjax_sel.strategies._sketch import check_sketch, sketch_coordinates, sketch_stacked
@@ -117,17 +119,11 @@ def fesem(
         return gather_models(state.centers, state.slot_cluster)
 
     def update(state: FeSEMState, selection, feedback) -> FeSEMState:
-        trained = jax.tree.map(
-            lambda s, d: s + d, gather_models(state.centers, state.slot_cluster), feedback.deltas
-        )
+        trained = trained_models(state.centers, state.slot_cluster, feedback.deltas)
         new_assign = nearest_center(
             sketch_stacked(trained, state.coords), sketch_stacked(state.centers, state.coords)
         )
-        sizes = (
-            feedback.num_examples
-            if cluster_weighting == "size"
-            else jnp.ones_like(feedback.num_examples)
-        )
+        sizes = slot_sizes(feedback.num_examples, cluster_weighting)
         w = cluster_weights(new_assign, selection.mask, sizes, k)
         idx = jnp.where(selection.mask, selection.clients, state.assign.shape[0])
         return state._replace(

@@ -36,6 +36,8 @@ from fedjax_sel.strategies._clustered import (
     gather_models,
     init_cluster_models,
     per_model,
+    slot_sizes,
+    trained_models,
 )
 from fedjax_sel.strategies._common import check_weighting, fedavg_weights
 from fedjax_sel.strategies.registry import register_strategy
@@ -102,14 +104,8 @@ def ifca(
         return gather_models(state.models, state.slot_cluster)
 
     def update(state: IFCAState, selection, feedback) -> IFCAState:
-        trained = jax.tree.map(
-            lambda s, d: s + d, gather_models(state.models, state.slot_cluster), feedback.deltas
-        )
-        sizes = (
-            feedback.num_examples
-            if cluster_weighting == "size"
-            else jnp.ones_like(feedback.num_examples)
-        )
+        trained = trained_models(state.models, state.slot_cluster, feedback.deltas)
+        sizes = slot_sizes(feedback.num_examples, cluster_weighting)
         w = cluster_weights(state.slot_cluster, selection.mask, sizes, k)
         return state._replace(models=cluster_average(state.models, trained, w))
 
