@@ -70,6 +70,34 @@ def kernel_normalized_adjacency(
     return inv_sqrt[:, None] * e * inv_sqrt[None, :], inv_sqrt
 
 
+_SIGNED = ("cosine", "sigmoid")  # kernels that can be negative (the others need no clipping)
+
+
+def kernel_adjacency_operator(kernel: Array, row_normalize: bool, clip_negative: bool = True):
+    """``(v -> M v, d^{-1/2})`` for the ``M`` of :func:`kernel_normalized_adjacency`, applied
+    through ``E`` without forming ``M``: ``M v = (a * E(b * v) + b * E(a * v)) / 2`` with
+    ``a = d^{-1/2} / r``, ``b = d^{-1/2}`` (row-normalised), else ``d^{-1/2} * E(d^{-1/2} * v)``.
+    Both products go through ``E`` in one matrix product with twice the columns."""
+    e = jnp.maximum(kernel, 0.0) if clip_negative else kernel
+    r = jnp.sum(e, axis=1)
+    if row_normalize:
+        inv_r = jnp.where(r > 0, 1.0 / jnp.where(r > 0, r, 1.0), 0.0)
+        deg = 0.5 * (r * inv_r + e @ inv_r)
+    else:
+        deg = r
+    inv_sqrt = jnp.where(deg > 0, jax.lax.rsqrt(jnp.where(deg > 0, deg, 1.0)), 0.0)
+    if not row_normalize:
+        return (lambda v: inv_sqrt[:, None] * (e @ (inv_sqrt[:, None] * v))), inv_sqrt
+    a, b = inv_sqrt * inv_r, inv_sqrt
+
+    def matmul(v):
+        width = v.shape[1]
+        both = e @ jnp.concatenate([b[:, None] * v, a[:, None] * v], axis=1)
+        return 0.5 * (a[:, None] * both[:, :width] + b[:, None] * both[:, width:])
+
+    return matmul, inv_sqrt
+
+
 def _svqb(y: Array, scale: Array) -> Array:
     """Orthonormal columns spanning ``y`` through the Gram matrix (SVQB, Stathopoulos and Wu
     2002): only matrix products and a ``b x b`` eigh, no LAPACK QR of a tall matrix. Directions
@@ -221,8 +249,19 @@ def kernel_spectral_embedding(
     if row_normalize is None:
         row_normalize = kind == "rbf"
     e = kernel_values(x, x, kind, gamma=gamma, coef0=coef0)
-    m, inv_sqrt = kernel_normalized_adjacency(e, row_normalize)
-    return _embed(m, inv_sqrt, num_components, key, scaling, solver, steps)
+    n = e.shape[0]
+    if solver not in SOLVERS:
+        raise ConfigError(f"eigensolver must be one of {SOLVERS}, got {solver!r}")
+    if solver == "eigh" or (solver == "auto" and n <= EIGH_MAX):
+        m, inv_sqrt = kernel_normalized_adjacency(e, row_normalize)
+        return _embed(m, inv_sqrt, num_components, key, scaling, solver, steps)
+    # Krylov: apply M through E without forming it (one fewer K x K pass and array)
+    matmul, inv_sqrt = kernel_adjacency_operator(e, row_normalize, clip_negative=kind in _SIGNED)
+    if not 1 <= num_components <= n:
+        raise ConfigError(f"spectral embedding needs 1 <= components <= {n}, got {num_components}")
+    key = jax.random.key(0) if key is None else key
+    vals, vecs = block_krylov_top(matmul, n, num_components, key, steps=steps)
+    return Embedding(scale_embedding(vecs, inv_sqrt, scaling), vals)
 
 
 class CoalitionConfig(NamedTuple):
