@@ -170,7 +170,7 @@ def test_spectral_clustering_recovers_planted_coalitions(method):
     x, truth = planted(rng, sizes, dim=8)
     perm = rng.permutation(len(x))
     x, truth = x[perm], truth[perm]
-    config = CoalitionConfig(method=method, landmarks=24, gamma=1.0, n_init=4)
+    config = CoalitionConfig(method=method, landmarks=24, gamma=1.0, n_init=2)
     labels = np.asarray(spectral_clustering(jnp.asarray(x), 4, jax.random.key(5), config))
     assert ari_numpy(labels, truth) > 0.99
     assert sorted(np.bincount(labels, minlength=4)) == sorted(sizes)
