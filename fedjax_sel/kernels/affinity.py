@@ -21,6 +21,7 @@ Every function is a pure jittable function of its array arguments; ``kind``, ``g
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -128,6 +129,7 @@ def kernel_values(x: Array, y: Array, kind: str = "rbf", *, gamma=1.0, coef0: fl
     return kernel_and_gamma(x, y, kind, gamma=gamma, coef0=coef0)[0]
 
 
+@functools.partial(jax.jit, static_argnames=("kind", "gamma", "coef0", "row_normalize"))
 def affinity_matrix(
     x: Array,
     kind: str = "rbf",

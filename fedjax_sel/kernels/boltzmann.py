@@ -14,6 +14,8 @@ ineligible, ``+inf`` as the largest float.
 
 from __future__ import annotations
 
+import functools
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -31,6 +33,7 @@ def boltzmann_logits(values: Array, beta: float = 1.0, mask: Array | None = None
     return z if mask is None else jnp.where(mask, z, -jnp.inf)
 
 
+@functools.partial(jax.jit, static_argnames=("num_coalitions",))
 def coalition_probabilities(
     values: Array,
     labels: Array,
@@ -49,6 +52,7 @@ def coalition_probabilities(
     return jnp.where(total > 0, e / jnp.where(total > 0, total, 1.0), 0.0)
 
 
+@functools.partial(jax.jit, static_argnames=("num_coalitions",))
 def sample_per_coalition(
     key: PRNGKey,
     values: Array,

@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import chex
+import jax
 import jax.numpy as jnp
 
 from fedjax_sel.base import Array
@@ -56,6 +57,7 @@ def robbins_monro_gamma(count: Array) -> Array:
     return 1.0 / (jnp.asarray(count, jnp.float32) + 1.0)
 
 
+@jax.jit
 def covariance_update(
     state: StreamingCovariance, residual: Array, alpha: Array, gamma: Array | None = None
 ) -> StreamingCovariance:
@@ -77,6 +79,7 @@ def covariance_update(
     )
 
 
+@jax.jit
 def value_vector(c_alpha: Array, c_diag: Array) -> Array:
     """``v_k = sum_d (C^d alpha)_k^2 / C^d_kk`` (eqs. 5-6), float32[K].
 

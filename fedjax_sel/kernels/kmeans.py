@@ -17,6 +17,7 @@ FedCVR-Bolt clusters the spectral embedding with k-means (``papers/fedcvr_bolt.t
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -113,6 +114,7 @@ def lloyd(x: Array, centers: Array, max_iter: int = 300, tol: float = 1e-4) -> K
     return KMeansResult(labels, centers, jnp.sum(nearest), it)
 
 
+@functools.partial(jax.jit, static_argnames=("k", "n_init", "max_iter", "tol", "num_trials"))
 def kmeans(
     key: PRNGKey,
     x: Array,

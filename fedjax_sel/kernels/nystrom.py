@@ -22,6 +22,8 @@ With ``m = K`` landmarks the factorisation reproduces the exact path. Negative k
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -104,6 +106,10 @@ def landmark_indices(key: PRNGKey, num_clients: int, num_landmarks: int) -> Arra
     return jax.random.choice(key, num_clients, (m,), replace=False).astype(jnp.int32)
 
 
+@functools.partial(
+    jax.jit,
+    static_argnames=("num_components", "num_landmarks", "kind", "gamma", "coef0", "scaling"),
+)
 def landmark_spectral_embedding(
     x: Array,
     num_components: int,

@@ -22,6 +22,7 @@ needs only ``O(K m)`` memory see :mod:`fedjax_sel.kernels.nystrom`.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import chex
@@ -317,6 +318,7 @@ class CoalitionConfig(NamedTuple):
 DEFAULT_COALITIONS = CoalitionConfig()
 
 
+@functools.partial(jax.jit, static_argnames=("num_clusters", "config"))
 def spectral_clustering(
     x: Array, num_clusters: int, key: PRNGKey, config: CoalitionConfig = DEFAULT_COALITIONS
 ) -> Array:
