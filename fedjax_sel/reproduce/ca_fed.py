@@ -391,8 +391,8 @@ def run(*, seeds: int, out, full: bool = False, data_dir=None, scale: Scale | No
             r["available"],
             r["included"],
             out / f"fig5{panel}_map.png",
-            f"Fig. 5{panel}: MNIST {partition}, clustered availability: activity and CA-Fed's "
-            "inclusion (dark green: active and included, grey: active and excluded)",
+            f"Fig. 5{panel}: MNIST {partition}, clustered availability\n"
+            "dark green: active, included; grey: active, excluded; light: inactive, included",
         )
         per_cluster = r["included"].reshape(len(r["included"]), -1, k // 10).mean((0, 2))
         fig5[panel] = {
