@@ -23,16 +23,23 @@ class KernelBenchmark:
     build: Callable[[int], tuple[Callable, tuple]]
     default_clients: tuple[int, ...]
     description: str
+    max_clients: int | None = None  # larger K cannot fit (e.g. a dense K x K matrix)
 
 
 KERNEL_BENCHMARKS: dict[str, KernelBenchmark] = {}
 
 
 def register_kernel(
-    name: str, *, default_clients: tuple[int, ...] = (10**3, 10**4, 10**5, 10**6), description=""
+    name: str,
+    *,
+    default_clients: tuple[int, ...] = (10**3, 10**4, 10**5, 10**6),
+    description: str = "",
+    max_clients: int | None = None,
 ) -> Callable:
     def wrap(build):
-        KERNEL_BENCHMARKS[name] = KernelBenchmark(name, build, tuple(default_clients), description)
+        KERNEL_BENCHMARKS[name] = KernelBenchmark(
+            name, build, tuple(default_clients), description, max_clients
+        )
         return build
 
     return wrap
@@ -66,9 +73,18 @@ def kernels_main(
     for name in names:
         bench = KERNEL_BENCHMARKS[name]
         for k in clients or bench.default_clients:
+            if bench.max_clients is not None and k > bench.max_clients:
+                print(f"  {name} K={k}: skipped, above its limit of {bench.max_clients} clients")
+                continue
             fn, args = bench.build(int(k))
             jfn = jax.jit(fn)
-            t = time_call(lambda jfn=jfn, args=args: jfn(*args), repeats=repeats)
+            try:
+                t = time_call(lambda jfn=jfn, args=args: jfn(*args), repeats=repeats)
+            except jax.errors.JaxRuntimeError as err:
+                if "RESOURCE_EXHAUSTED" not in str(err):
+                    raise
+                print(f"  {name} K={k}: skipped, out of device memory ({str(err)[:120]})")
+                continue
             rows.append(
                 {
                     "kernel": name,
