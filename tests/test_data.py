@@ -323,3 +323,26 @@ def test_shakespeare_dataset_from_texts(data_dir):
     assert len(ds.info["roles"]) == 6 and all("/" in r for r in ds.info["roles"])
     with pytest.raises(ConfigError, match="roles"):
         load_dataset("shakespeare", num_clients=100000, stride=40)
+
+
+def test_dirichlet_groups_skew_across_groups_only():
+    # CA-Fed Fig. 5b: homogeneous within a group (contiguous id block), heterogeneous across
+    from fedjax_sel.data.partition import parse_partition, partition
+
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 10, 20_000)
+    name, kwargs = parse_partition("dirichlet:alpha=0.3,groups=4")
+    assert (name, kwargs) == ("dirichlet", {"alpha": 0.3, "groups": 4})
+    parts = partition(name, kwargs, labels, 20, np.random.default_rng(1))
+    allidx = np.concatenate(parts)
+    assert len(allidx) == len(np.unique(allidx)) == len(labels)  # a partition of the pool
+    hist = np.stack([np.bincount(labels[p], minlength=10) / len(p) for p in parts])
+    group = np.arange(20) * 4 // 20
+    within = max(np.abs(hist[group == g] - hist[group == g].mean(0)).max() for g in range(4))
+    across = np.abs(hist[group == 0].mean(0) - hist[group == 1].mean(0)).max()
+    assert within < 0.08 < across  # iid split inside a group, Dirichlet(0.3) across groups
+    sizes = np.array([len(p) for p in parts])
+    for g in range(4):  # sizes within a group differ by at most one example
+        assert np.ptp(sizes[group == g]) <= 1
+    with pytest.raises(ConfigError, match="groups"):
+        partition(name, {"alpha": 0.3, "groups": 30}, labels, 20, rng)

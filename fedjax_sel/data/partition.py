@@ -80,6 +80,37 @@ def dirichlet(
     )
 
 
+def dirichlet_groups(
+    labels: np.ndarray,
+    num_clients: int,
+    groups: int,
+    alpha: float,
+    rng: np.random.Generator,
+    **dirichlet_options,
+) -> list[np.ndarray]:
+    """Label skew across groups, none within: homogeneous data inside each group of clients,
+    heterogeneous across groups (CA-Fed Fig. 5b, with the groups its availability clusters).
+
+    The pool is split among ``groups`` by :func:`dirichlet`; group ``g``'s examples are then
+    split uniformly at random among its clients, the contiguous block of ids ``k`` with
+    ``k * groups // num_clients == g`` (the block layout of ``markov_clustered``).
+    """
+    if int(groups) != groups or not 1 <= groups <= num_clients:
+        raise ConfigError(f"groups must be an integer in [1, {num_clients}], got {groups}")
+    groups = int(groups)
+    block = np.arange(num_clients) * groups // num_clients
+    size = dirichlet_options.pop("min_size", 10) * int(np.max(np.bincount(block)))
+    parts = dirichlet(labels, groups, alpha, rng, min_size=size, **dirichlet_options)
+    out: list[np.ndarray] = [np.zeros(0, np.int64)] * num_clients
+    for g, idx in enumerate(parts):
+        members = np.flatnonzero(block == g)
+        for k, chunk in zip(
+            members, np.array_split(rng.permutation(idx), len(members)), strict=True
+        ):
+            out[k] = np.sort(chunk)
+    return out
+
+
 def shards(
     labels: np.ndarray, num_clients: int, shards_per_client: int, rng: np.random.Generator
 ) -> list[np.ndarray]:
@@ -138,7 +169,8 @@ def split_train_test(
 
 def parse_partition(spec: str) -> tuple[str, dict]:
     """Parses ``iid``, ``natural``, ``dirichlet:0.1``, ``dirichlet:alpha=0.1,min_size=5``,
-    ``shards:2`` into ``(name, kwargs)``."""
+    ``dirichlet:alpha=0.5,groups=10`` (skew across groups of clients only), ``shards:2`` into
+    ``(name, kwargs)``."""
     name, _, rest = spec.partition(":")
     name = name.strip().lower()
     if name not in PARTITIONS:
@@ -153,7 +185,7 @@ def parse_partition(spec: str) -> tuple[str, dict]:
             key, value = positional[name], item
         kwargs[key.strip()] = _number(value.strip(), spec)
     if name == "dirichlet":
-        unknown = set(kwargs) - {"alpha", "min_size", "balance"}
+        unknown = set(kwargs) - {"alpha", "min_size", "balance", "groups"}
         if "alpha" not in kwargs:
             raise ConfigError(f"partition {spec!r} needs alpha, e.g. dirichlet:0.1")
     elif name == "shards":
@@ -163,7 +195,7 @@ def parse_partition(spec: str) -> tuple[str, dict]:
         unknown = set(kwargs)
     if unknown:
         raise ConfigError(f"partition {spec!r}: unknown parameter(s) {sorted(unknown)}")
-    for key in ("min_size", "shards_per_client"):
+    for key in ("min_size", "shards_per_client", "groups"):
         if key in kwargs:
             if kwargs[key] != int(kwargs[key]):
                 raise ConfigError(f"partition {spec!r}: {key} must be an integer")
@@ -184,6 +216,8 @@ def partition(
     """Dispatches to the partitioner ``name`` (see :func:`parse_partition`)."""
     if name == "iid":
         return iid(len(labels), num_clients, rng)
+    if name == "dirichlet" and "groups" in kwargs:
+        return dirichlet_groups(labels, num_clients, rng=rng, **kwargs)
     if name == "dirichlet":
         return dirichlet(labels, num_clients, rng=rng, **kwargs)
     if name == "shards":

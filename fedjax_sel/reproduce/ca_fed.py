@@ -10,8 +10,9 @@ population (``g = 0.4``, ``nu = 0.9``, ``eps = 1e-2``) and the oracle ``pi``/``l
 * Fig. 2a: the ``kappa_bar^2`` sweep ``{1e-2, ..., 1e2}`` against Unbiased and More-available
   on Synthetic over a longer horizon;
 * Fig. 5: spatially correlated availability (10 clusters, ``markov_clustered``): the maps of
-  each client's activity and CA-Fed's inclusion per round (homogeneous data, Fig. 5a, and
-  Dirichlet data, Fig. 5c, as images) and the methods' accuracy in the Fig. 5c setting (5d).
+  each client's activity and CA-Fed's inclusion per round (homogeneous data, Fig. 5a;
+  homogeneous within clusters and Dirichlet across them, Fig. 5b; Dirichlet data, Fig. 5c;
+  as images) and the methods' accuracy in the Fig. 5c setting (5d).
 
 Every method trains all its kept available clients (``per_round = N``) and the server applies
 ``sum_k q_k Delta_k`` (eq. 3) with plain SGD at ``server_lr`` (no server momentum, as eq. 3).
@@ -375,7 +376,8 @@ def run(*, seeds: int, out, full: bool = False, data_dir=None, scale: Scale | No
     # Fig. 5: spatial correlation (one chain per cluster of 10 clients)
     fig5: dict[str, Any] = {}
     ca = fig1_methods(k)[0]
-    for panel, partition in (("a", "iid"), ("c", "dirichlet:0.5")):
+    panels = (("a", "iid"), ("b", "dirichlet:alpha=0.5,groups=10"), ("c", "dirichlet:0.5"))
+    for panel, partition in panels:  # b: one label mix per availability cluster
         config = make_config(
             ca,
             "mnist",
@@ -438,7 +440,7 @@ def _print_report(results: dict) -> None:
         print(f"  {label:20s} {100 * s['final_mean']:6.2f} %")
     print(f"  paper: {PAPER_FIG2A}")
     f5 = results["fig5"]
-    for panel in ("a", "c"):
+    for panel in ("a", "b", "c"):
         rates = ", ".join(f"{x:.2f}" for x in f5[panel]["inclusion_rate_per_cluster"])
         print(
             f"Fig. 5{panel} ({f5[panel]['partition']}): CA-Fed inclusion rate per cluster: {rates}"
