@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 import pkgutil
 from collections.abc import Callable
 from pathlib import Path
+
+from fedjax_sel.base import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +35,25 @@ def register_reproduction(name: str, description: str) -> Callable:
         return fn
 
     return wrap
+
+
+def select_parts(
+    name: str,
+    parts: tuple[str, ...] | str | None,
+    env_var: str,
+    default: tuple[str, ...],
+    known: tuple[str, ...],
+) -> tuple[str, ...]:
+    """The parts of reproduction ``name`` to run: ``parts`` (a tuple or a comma-separated
+    string), else ``$env_var``, else ``default``; a :class:`ConfigError` names unknown ones."""
+    if parts is None:
+        parts = os.environ.get(env_var) or default
+    if isinstance(parts, str):
+        parts = tuple(p.strip() for p in parts.split(",") if p.strip())
+    unknown = set(parts) - set(known)
+    if unknown:
+        raise ConfigError(f"unknown {name} reproduction part(s) {sorted(unknown)}; known: {known}")
+    return tuple(parts)
 
 
 def output_dir(out: Path) -> Path:

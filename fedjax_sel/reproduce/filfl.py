@@ -31,7 +31,6 @@ The CPU size also shrinks Shakespeare (40 roles of at most 400 windows, n = 28, 
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +39,7 @@ import numpy as np
 from fedjax_sel.base import ConfigError
 from fedjax_sel.config import RunConfig
 from fedjax_sel.kernels.double_greedy import set_value_ratio
-from fedjax_sel.reproduce import output_dir, register_reproduction
+from fedjax_sel.reproduce import output_dir, register_reproduction, select_parts
 from fedjax_sel.runner import load_data_for, plot_curves, run_experiment, write_json
 
 PARTS = (
@@ -429,13 +428,7 @@ def run(
     finished in ``out`` with the same configuration are read back instead of run again, and
     the parts of an earlier ``summary.json`` there are kept."""
     out = output_dir(out)
-    if parts is None:
-        parts = os.environ.get("FEDJAX_SEL_FILFL_PARTS") or PARTS
-    if isinstance(parts, str):
-        parts = tuple(p.strip() for p in parts.split(",") if p.strip())
-    unknown = set(parts) - set(PARTS)
-    if unknown:
-        raise ConfigError(f"unknown filfl reproduction part(s) {sorted(unknown)}; known: {PARTS}")
+    parts = select_parts("filfl", parts, "FEDJAX_SEL_FILFL_PARTS", PARTS, PARTS)
     if seeds < 1:
         raise ConfigError(f"seeds must be >= 1, got {seeds}")
     runner = Runner(out, seeds, data_dir)

@@ -30,7 +30,6 @@ windows with K = 50 roles, and CIFAR-100: sizes for a GPU.
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +41,7 @@ from fedjax_sel.models import make_model
 from fedjax_sel.personalized import plots
 from fedjax_sel.personalized.experiment import MethodResult, run_method, summary_row
 from fedjax_sel.personalized.simulator import PersonalizedConfig
-from fedjax_sel.reproduce import output_dir, register_reproduction
+from fedjax_sel.reproduce import output_dir, register_reproduction, select_parts
 from fedjax_sel.runner import write_json
 
 PARTS = ("mnist_permute", "mnist_rotate", "shakespeare", "cifar100", "ablation")
@@ -284,13 +283,8 @@ def run(
     """Runs the parts (module docstring); writes ``summary.json`` and the figures under ``out``
     and prints the tables."""
     out = output_dir(out)
-    if parts is None:
-        parts = os.environ.get("FEDJAX_SEL_SP_CACW_PARTS") or (PARTS if full else CPU_PARTS)
-    if isinstance(parts, str):
-        parts = tuple(p.strip() for p in parts.split(",") if p.strip())
-    unknown = set(parts) - set(PARTS)
-    if unknown:
-        raise ConfigError(f"unknown sp-cacw reproduction part(s) {sorted(unknown)}; known: {PARTS}")
+    default = PARTS if full else CPU_PARTS
+    parts = select_parts("sp-cacw", parts, "FEDJAX_SEL_SP_CACW_PARTS", default, PARTS)
     if seeds < 1:
         raise ConfigError(f"seeds must be >= 1, got {seeds}")
     report: dict[str, Any] = {"full": full, "seeds": seeds}
