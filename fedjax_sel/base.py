@@ -88,12 +88,20 @@ class Selection(NamedTuple):
         :class:`TrainResult` stacked over ``per_round``, e.g. FilFL trains every available
         client before filtering); the round then skips its own training. ``None`` (the
         default) lets the round train the slots.
+      diagnostics: a small dict of per-round mechanism diagnostics (fixed-shape arrays, mostly
+        scalars), logged with the round like any metric (design section 10). The key ``law``
+        (float32[K], the probabilities the selection was drawn from, zero for unavailable
+        clients) is reduced by the engine to ``law_entropy_ratio`` (entropy over the entropy
+        of the uniform law on the available clients: 1 = uniform) and
+        ``law_max_over_uniform`` (the largest probability times the number of available
+        clients), and is not logged itself.
     """
 
     clients: Array
     mask: Array
     weights: Array
     train_result: TrainResult | None = None
+    diagnostics: dict[str, Array] | None = None
 
 
 class AvailabilityParams(NamedTuple):
@@ -140,15 +148,11 @@ class ClientOracle(NamedTuple):
         minibatch of ``batch_size`` examples per client (Power-of-Choice's cpow-d estimate).
       all_losses: ``(params) -> float32[K]``: mean loss of every client on its whole training
         set, computed in one pass over all examples (cost: ``N`` forward passes).
-      all_metrics: ``(params) -> (loss float32[K], accuracy float32[K])``, as ``all_losses``.
       train: ``(params, clients, key, active=None) -> TrainResult``: local training of the
         listed clients from ``params`` with the simulation's local optimizer; slots with
         ``active == False`` are skipped (they return ``params``). Each client's randomness is
         ``fold_in(key, client)``, the same derivation the round uses, so passing the round's
         training key (``train_key``) reproduces exactly what the round would compute.
-      train_from: ``(stacked_params, clients, key, active=None) -> TrainResult``: as ``train``
-        but slot i starts from ``stacked_params[i]`` (clustered methods).
-      evaluate: ``(params) -> (loss, accuracy)`` on the central test set.
       train_key: the key the round uses for local training (see ``train``).
       server_loss: ``(params, size=None) -> scalar`` mean loss on the server-held data set (data
         loaded with ``server_fraction > 0``; FilFL's filtering objective); vmappable over
@@ -160,10 +164,7 @@ class ClientOracle(NamedTuple):
     loss: Callable[..., Array]
     batch_loss: Callable[..., Array]
     all_losses: Callable[..., Array]
-    all_metrics: Callable[..., tuple[Array, Array]]
     train: Callable[..., TrainResult]
-    train_from: Callable[..., TrainResult]
-    evaluate: Callable[..., tuple[Array, Array]]
     train_key: Array
     server_loss: Callable[..., Array] | None = None
     client_test_loss: Callable[..., Array] | None = None

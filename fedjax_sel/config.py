@@ -1,98 +1,425 @@
-"""A run's whole configuration, validated up front, with the same names as the CLI flags."""
+"""A run's whole configuration: one :class:`RunConfig`, the single owner of every setting.
+
+Each field is declared once, with its default, type and help text; the ``fedjax-sel run``
+flags are generated from the fields (:func:`add_config_flags`), a TOML or JSON file gives the
+same fields by name (:func:`load_config`), and ``config.json`` written by a run reloads into
+the identical configuration. Option dictionaries (``strategy_args``, ``dataset_args``,
+``model_args``) are typed by the registries when the configuration is resolved.
+
+>>> cfg = RunConfig(strategy="power_of_choice", strategy_args={"d": "20"}).resolve()
+>>> cfg.strategy_args
+{'d': 20}
+"""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import hashlib
+import json
 import math
-from typing import Any
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
 
 from fedjax_sel.base import ConfigError
+from fedjax_sel.registry import convert, parse_pairs
 
-MODEL_ARGS = ("ridge", "hidden", "conv_impl", "embed_dim", "lstm_hidden", "lstm_layers")
+
+def setting(
+    default: Any,
+    help: str,  # noqa: A002 (argparse's name)
+    *,
+    group: str,
+    flag: str | None = None,
+    metavar: str | None = None,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    below: float | None = None,
+    positive: bool = False,
+    exclusive: str | None = None,
+    results: bool = True,
+) -> Any:
+    """A :class:`RunConfig` field with its command-line metadata.
+
+    Args:
+      default: the default value (a dict default is copied per instance).
+      help: the flag's help text.
+      group: the ``--help`` section.
+      flag: the flag's name when it is not the field's (``--clients`` for ``num_clients``).
+      minimum, maximum: inclusive numeric bounds; ``below``: an exclusive upper bound;
+        ``positive``: strictly above zero.
+      exclusive: another field that may not be set together with this one.
+      results: ``False`` for settings that cannot change the results (progress bar, profile
+        timing, checkpoint frequency): they are ignored when a finished run is matched.
+    """
+    meta = dict(
+        help=help,
+        group=group,
+        flag=flag,
+        metavar=metavar,
+        minimum=minimum,
+        maximum=maximum,
+        below=below,
+        positive=positive,
+        exclusive=exclusive,
+        results=results,
+    )
+    if isinstance(default, dict):
+        return dataclasses.field(default_factory=lambda: dict(default), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+_S, _D, _T, _R = "selection", "data and model", "training", "run"
 
 
 @dataclasses.dataclass
 class RunConfig:
-    """Everything ``fedjax-sel run`` takes (``fedjax-sel run --help`` documents each flag).
+    """Everything ``fedjax-sel run`` takes (``fedjax-sel run --help`` documents each field).
 
     ``local_steps`` and ``local_epochs`` are exclusive; when neither is given, 10 local steps.
     ``None`` for ``num_clients``, ``partition`` and ``model`` means the data set's default.
+    In ``mode="personalized"`` (SP-CACW and its baselines), ``strategy`` names the
+    personalized method and ``strategy_args`` its options, ``rounds`` counts lazy-update
+    periods and ``local_steps`` sets their length (default: one epoch of the median client).
     """
 
-    strategy: str = "uniform"
-    strategy_args: dict[str, Any] = dataclasses.field(default_factory=dict)
-    dataset: str = "digits"
-    dataset_args: dict[str, Any] = dataclasses.field(default_factory=dict)
-    partition: str | None = None
-    data_path: str | None = None
-    test_fraction: float | None = None
-    server_fraction: float = 0.0
-    layout: str = "auto"
-    model: str | None = None
-    model_args: dict[str, Any] = dataclasses.field(default_factory=dict)
-    num_clients: int | None = None
-    per_round: int = 10
-    rounds: int = 100
-    local_steps: int | None = None
-    local_epochs: int | None = None
-    batch_size: int = 32
-    lr: float = 0.05
-    momentum: float = 0.0
-    weight_decay: float = 0.0
-    prox_mu: float = 0.0
-    server: str = "sgd"
-    server_lr: float = 1.0
-    server_momentum: float = 0.9
-    server_weight_decay: float = 0.0
-    availability: str = "always"
-    persistent_client_state: bool = False
-    parallel: str = "auto"
-    eval_every: int = 10
-    seed: int = 0
-    data_seed: int | None = None
-    profile: bool = False
+    mode: Literal["global", "personalized"] = setting(
+        "global",
+        "global: one model, a selection strategy; personalized: SP-CACW and its "
+        "baselines (every client a target)",
+        group=_S,
+    )
+    strategy: str = setting("uniform", "selection strategy (`fedjax-sel list`)", group=_S)
+    strategy_args: dict[str, Any] = setting(
+        {},
+        "strategy hyperparameter; repeatable, or comma-separated (d=20,variant=cpow)",
+        group=_S,
+        flag="strategy-arg",
+        metavar="KEY=VALUE",
+    )
+    label: str | None = setting(
+        None,
+        "display name of this run in tables and plots (default: the strategy)",
+        group=_S,
+        results=False,
+    )
+    per_round: int = setting(10, "clients selected per round (slots)", group=_S, minimum=1)
+    availability: str = setting(
+        "always",
+        "always | bernoulli:p=P | markov[:pi=PI,lam=L] | markov_clustered | "
+        "subset:n=N,every=E | trace:path=FILE (`fedjax-sel list`)",
+        group=_S,
+    )
+    dataset: str = setting("digits", "data set (`fedjax-sel list`)", group=_D)
+    dataset_args: dict[str, Any] = setting(
+        {}, "data-set option; repeatable", group=_D, flag="dataset-arg", metavar="KEY=VALUE"
+    )
+    partition: str | None = setting(
+        None,
+        "iid | dirichlet:ALPHA | dirichlet:alpha=A,groups=G | shards:S | natural "
+        "(default: the data set's)",
+        group=_D,
+    )
+    num_clients: int | None = setting(
+        None,
+        "number of clients K (default: the data set's)",
+        group=_D,
+        flag="clients",
+        minimum=1,
+    )
+    data_path: str | None = setting(
+        None,
+        "local data file or folder (else $FEDJAX_SEL_DATA_DIR, else tensorflow-datasets)",
+        group=_D,
+        flag="data-dir",
+    )
+    test_fraction: float | None = setting(
+        None,
+        "per-client test split fraction (default: the data set's)",
+        group=_D,
+        minimum=0,
+        below=1,
+    )
+    server_fraction: float = setting(
+        0.0,
+        "fraction of every client's data held out as a server-held set (FilFL)",
+        group=_D,
+        minimum=0,
+        below=1,
+    )
+    layout: Literal["auto", "padded", "flat"] = setting(
+        "auto",
+        "client storage: padded [K, n_max] or flat [N] (auto: padded unless it costs "
+        "more than 1.5x)",
+        group=_D,
+    )
+    model: str | None = setting(None, "model (default: the data set's)", group=_D)
+    model_args: dict[str, Any] = setting(
+        {},
+        "model option; repeatable (hidden=200-200, ridge=0.01, conv_impl=xla, width=32)",
+        group=_D,
+        flag="model-arg",
+        metavar="KEY=VALUE",
+    )
+    rounds: int = setting(100, "communication rounds T", group=_T, minimum=1)
+    local_steps: int | None = setting(
+        None,
+        "local SGD steps per round (default 10)",
+        group=_T,
+        minimum=1,
+        exclusive="local_epochs",
+    )
+    local_epochs: int | None = setting(
+        None,
+        "local epochs per round (instead of steps)",
+        group=_T,
+        minimum=1,
+        exclusive="local_steps",
+    )
+    batch_size: int = setting(32, "local minibatch size", group=_T, minimum=1)
+    lr: float = setting(0.05, "client learning rate", group=_T, positive=True)
+    momentum: float = setting(0.0, "client SGD momentum", group=_T, minimum=0, below=1)
+    weight_decay: float = setting(
+        0.0, "client weight decay (PyTorch semantics)", group=_T, minimum=0
+    )
+    prox_mu: float = setting(0.0, "FedProx proximal mu (0 = FedAvg)", group=_T, minimum=0)
+    persistent_client_state: bool = setting(
+        False, "keep each client's optimizer state (momentum) across rounds", group=_T
+    )
+    server: Literal["sgd", "momentum", "adam"] = setting(
+        "sgd", "server optimizer on the pseudo-gradient (FedAvg: sgd with lr 1)", group=_T
+    )
+    server_lr: float = setting(1.0, "server learning rate", group=_T, positive=True)
+    server_momentum: float = setting(
+        0.9, "server momentum (server=momentum)", group=_T, minimum=0, below=1
+    )
+    server_weight_decay: float = setting(0.0, "server weight decay", group=_T, minimum=0)
+    parallel: str = setting(
+        "auto",
+        "client parallelism: auto | vmap | map | chunked:C (design section 6)",
+        group=_T,
+        results=False,
+    )
+    eval_every: int = setting(
+        10, "rounds per compiled chunk and between evaluations", group=_R, minimum=1
+    )
+    seed: int = setting(0, "run seed: initial model, availability, selection, training", group=_R)
+    data_seed: int | None = setting(
+        None, "partition / generator seed (default: the run seed)", group=_R
+    )
+    checkpoint_every: int = setting(
+        5,
+        "chunks between checkpoints of the whole simulation state (0: none)",
+        group=_R,
+        minimum=0,
+        results=False,
+    )
+    profile: bool = setting(
+        False,
+        "time select / train / aggregate / eval separately (slower)",
+        group=_R,
+        results=False,
+    )
 
+    # ------------------------------------------------------------------------- checks
     def validate(self) -> RunConfig:
-        """Checks every value that can be checked without loading data; returns ``self``."""
-        if self.local_steps is not None and self.local_epochs is not None:
-            raise ConfigError(
-                f"give --local-steps or --local-epochs, not both (got {self.local_steps} steps "
-                f"and {self.local_epochs} epochs)"
-            )
-        if self.local_steps is None and self.local_epochs is None:
+        """Checks every value that can be checked without the registries; returns ``self``."""
+        hints = typing.get_type_hints(RunConfig)
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            value = convert(value, hints[f.name], what="configuration", key=f.name)
+            if isinstance(value, dict):
+                value = dict(value)
+            setattr(self, f.name, value)
+            meta = f.metadata
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                if not math.isfinite(value):
+                    raise ConfigError(f"{f.name} must be a finite number, got {value!r}")
+                if not _in_range(value, meta):
+                    raise ConfigError(f"{f.name} must be {_range_text(meta)}, got {value!r}")
+            other = meta["exclusive"]
+            if other and value is not None and getattr(self, other) is not None:
+                raise ConfigError(
+                    f"give {_flag(f)} or {_flag(_field(other))}, not both (got {f.name}={value} "
+                    f"and {other}={getattr(self, other)})"
+                )
+        if self.local_steps is None and self.local_epochs is None and self.mode == "global":
             self.local_steps = 10
-        for name in ("per_round", "rounds", "eval_every", "batch_size"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {v!r}")
-        if self.num_clients is not None and (
-            not isinstance(self.num_clients, int) or self.num_clients < 1
-        ):
-            raise ConfigError(f"num_clients must be a positive integer, got {self.num_clients!r}")
-        if self.num_clients is not None and self.per_round > self.num_clients:
-            raise ConfigError(
-                f"per_round={self.per_round} exceeds the number of clients ({self.num_clients})"
-            )
-        for name in ("lr", "server_lr"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
-                raise ConfigError(f"{name} must be a positive number, got {v!r}")
-        if not 0 <= self.server_fraction < 1:
-            raise ConfigError(f"server_fraction must lie in [0, 1), got {self.server_fraction!r}")
-        if self.test_fraction is not None and not 0 <= self.test_fraction < 1:
-            raise ConfigError(f"test_fraction must lie in [0, 1), got {self.test_fraction!r}")
-        unknown = set(self.model_args) - set(MODEL_ARGS)
-        if unknown:
-            raise ConfigError(f"unknown --model-arg(s) {sorted(unknown)}; known: {MODEL_ARGS}")
         return self
 
+    def resolve(self) -> RunConfig:
+        """Validates and types the option dictionaries through their registries (unknown or
+        malformed options: a :class:`ConfigError` naming them); returns ``self``."""
+        self.validate()
+        if self.mode == "personalized":
+            from fedjax_sel.personalized.methods import PERSONALIZED_METHODS
+
+            self.strategy_args = PERSONALIZED_METHODS.resolve(self.strategy, self.strategy_args)
+        else:
+            from fedjax_sel.strategies import STRATEGIES
+
+            self.strategy_args = STRATEGIES.resolve(self.strategy, self.strategy_args)
+        from fedjax_sel.availability import AVAILABILITY
+        from fedjax_sel.data.datasets import DATASETS
+        from fedjax_sel.models import MODELS
+        from fedjax_sel.registry import parse_spec
+
+        self.dataset_args = DATASETS.resolve(self.dataset, self.dataset_args)
+        model = self.model or DATASETS[self.dataset].info["default_model"]
+        self.model_args = MODELS.resolve(model, self.model_args)
+        name, positional, pairs = parse_spec(self.availability, what="availability")
+        AVAILABILITY.resolve(name, pairs, positional)
+        return self
+
+    # ------------------------------------------------------------------------- (de)serialise
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> RunConfig:
+    def from_dict(cls, d: Mapping[str, Any], *, source: str = "configuration") -> RunConfig:
+        """A configuration from a mapping of field names (``config.json``'s ``config``)."""
         names = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(d) - names
+        unknown = sorted(set(d) - names)
         if unknown:
-            raise ConfigError(f"unknown configuration key(s) {sorted(unknown)}")
-        return cls(**d)
+            raise ConfigError(f"{source}: unknown configuration key(s) {unknown}")
+        return cls(**dict(d))
+
+    def results_key(self) -> str:
+        """A hash of every setting that can change the results (see :func:`setting`), to match
+        a finished run or a checkpoint with the configuration that asks for it."""
+        d = self.to_dict()
+        for f in dataclasses.fields(self):
+            if not f.metadata.get("results", True):
+                d.pop(f.name)
+        return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    def replace(self, **changes: Any) -> RunConfig:
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def display_name(self) -> str:
+        return self.label or self.strategy
+
+
+def _in_range(value: float, meta: Mapping[str, Any]) -> bool:
+    return not (
+        (meta["positive"] and not value > 0)
+        or (meta["minimum"] is not None and value < meta["minimum"])
+        or (meta["maximum"] is not None and value > meta["maximum"])
+        or (meta["below"] is not None and value >= meta["below"])
+    )
+
+
+def _range_text(meta: Mapping[str, Any]) -> str:
+    if meta["positive"]:
+        return "a positive number"
+    bounds = [
+        f"{op} {meta[key]:g}"
+        for key, op in (("minimum", ">="), ("maximum", "<="), ("below", "<"))
+        if meta[key] is not None
+    ]
+    return " and ".join(bounds)
+
+
+def _field(name: str) -> dataclasses.Field:
+    return {f.name: f for f in dataclasses.fields(RunConfig)}[name]
+
+
+def _flag(f: dataclasses.Field) -> str:
+    return "--" + (f.metadata.get("flag") or f.name.replace("_", "-"))
+
+
+# ----------------------------------------------------------------------------- files
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The mapping in a TOML or JSON configuration file; a run's ``config.json`` (which keeps
+    the configuration under ``"config"``) is accepted as it is."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"configuration file {str(path)!r} does not exist")
+    text = path.read_text()
+    try:
+        if path.suffix.lower() == ".toml":
+            import tomllib
+
+            data = tomllib.loads(text)
+        else:
+            data = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ConfigError(f"configuration file {str(path)!r} is malformed: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"configuration file {str(path)!r} must hold a table/object")
+    if "config" in data and isinstance(data["config"], dict):
+        data = data["config"]
+    return data
+
+
+def load_config(path: str | Path, **overrides: Any) -> RunConfig:
+    """A :class:`RunConfig` from a TOML/JSON file, with ``overrides`` on top."""
+    data = read_config_file(path)
+    data.update(overrides)
+    return RunConfig.from_dict(data, source=str(path)).validate()
+
+
+# ----------------------------------------------------------------------------- CLI flags
+def _flag_type(annotation: Any):
+    alternatives = (
+        [a for a in typing.get_args(annotation) if a is not type(None)]
+        if typing.get_origin(annotation) in (typing.Union, types.UnionType)
+        else [annotation]
+    )
+    return alternatives[0]
+
+
+def add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """Adds one flag per :class:`RunConfig` field. Defaults are suppressed: the namespace holds
+    only the flags given, which override a ``--config`` file (:func:`config_from_flags`)."""
+    hints = typing.get_type_hints(RunConfig)
+    groups: dict[str, Any] = {}
+    for f in dataclasses.fields(RunConfig):
+        meta = f.metadata
+        group = groups.get(meta["group"]) or parser.add_argument_group(meta["group"])
+        groups[meta["group"]] = group
+        t = _flag_type(hints[f.name])
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        help_text = (
+            f"{meta['help']} (default: {default!r})" if default not in (None, {}) else meta["help"]
+        )
+        kw: dict[str, Any] = dict(dest=f.name, default=argparse.SUPPRESS, help=help_text)
+        if meta["metavar"]:
+            kw["metavar"] = meta["metavar"]
+        if t is bool:
+            kw["action"] = argparse.BooleanOptionalAction
+        elif typing.get_origin(t) is dict or t is dict:
+            kw["action"] = "append"
+        elif typing.get_origin(t) is Literal:
+            kw["choices"] = typing.get_args(t)
+        elif t in (int, float):
+            kw["type"] = t
+        group.add_argument(_flag(f), **kw)
+
+
+def config_from_flags(
+    namespace: argparse.Namespace, base: Mapping[str, Any] | None = None
+) -> RunConfig:
+    """The :class:`RunConfig` of parsed flags over ``base`` (a configuration file's mapping):
+    a flag given on the command line wins; a flag that sets one of an exclusive pair clears
+    the other from ``base``."""
+    data = dict(base or {})
+    hints = typing.get_type_hints(RunConfig)
+    given = {f.name: f for f in dataclasses.fields(RunConfig) if hasattr(namespace, f.name)}
+    for name, f in given.items():
+        value = getattr(namespace, name)
+        if typing.get_origin(hints[name]) is dict:  # pairs add to (and override) the file's
+            value = {**dict(data.get(name) or {}), **parse_pairs(value, what=_flag(f))}
+        data[name] = value
+        if f.metadata["exclusive"] and f.metadata["exclusive"] not in given:
+            data.pop(f.metadata["exclusive"], None)
+    return RunConfig.from_dict(data).validate()
+
+
+def config_flag_names() -> Sequence[str]:
+    """Every generated flag (for the README check)."""
+    return [_flag(f) for f in dataclasses.fields(RunConfig)]

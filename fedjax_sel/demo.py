@@ -6,12 +6,13 @@ import time
 from pathlib import Path
 
 from fedjax_sel.config import RunConfig
-from fedjax_sel.data.datasets import load_dataset
-from fedjax_sel.runner import plot_curves, run_experiment, write_json
+from fedjax_sel.experiment import plot_curves, run_cells, write_json
+from fedjax_sel.experiment.outputs import print_summary_table
+from fedjax_sel.experiment.sweep import Cell
 
 DEMO_STRATEGIES = (
     ("uniform", {}, 5),
-    ("power_of_choice", {"d": "10"}, 5),
+    ("power_of_choice", {"d": 10}, 5),
     ("full", {}, None),
 )
 
@@ -37,25 +38,25 @@ def run_demo(out: Path, *, rounds: int = 60, num_clients: int = 30, progress: bo
     """Runs FedAvg with uniform sampling, Power-of-Choice and full participation on digits
     (30 clients, Dirichlet 0.3 label skew, MLP), prints a table and writes
     ``out/comparison.png`` and one run folder per strategy."""
-    from fedjax_sel.cli import print_summary_table
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    dataset = load_dataset("digits", num_clients=num_clients, partition="dirichlet:0.3", seed=0)
     print(
-        f"digits: {dataset.num_clients} clients, {dataset.info['num_train_examples']} training "
-        f"examples (client sizes {dataset.info['client_size_min']}..."
-        f"{dataset.info['client_size_max']}), Dirichlet(0.3) label skew, MLP 64-200-200-10"
+        f"digits: {num_clients} clients, Dirichlet(0.3) label skew, MLP 64-200-200-10, "
+        f"{rounds} rounds, seed 0"
     )
-    curves, summaries = {}, []
-    for name, args, per_round in DEMO_STRATEGIES:
-        config = demo_config(name, args, per_round or num_clients, num_clients, rounds)
-        result = run_experiment(config, out / name, progress=progress, dataset=dataset)
-        curves[name] = result.evals
-        summaries.append(result.summary)
+    cells = [
+        Cell(
+            demo_config(name, args, per_round or num_clients, num_clients, rounds), out / name, name
+        )
+        for name, args, per_round in DEMO_STRATEGIES
+    ]
+    results = run_cells(cells, progress=progress)
+    summaries = [r.summary for r in results]
     plot = plot_curves(
-        curves, out / "comparison.png", title=f"digits, {num_clients} clients, Dirichlet 0.3"
+        {r.config.strategy: r.evals for r in results},
+        out / "comparison.png",
+        title=f"digits, {num_clients} clients, Dirichlet 0.3",
     )
     write_json(out / "summary.json", {s["strategy"]: s for s in summaries})
     print()

@@ -10,8 +10,10 @@ Definitions (HeteRo-Select, ``papers/hetero_select.txt`` section V; design secti
 * ``stability_drop``: ``peak_accuracy - final_accuracy``.
 * selection counts per client, their standard deviation (population, ``ddof=0``; Fig. 6 of
   the paper), their coefficient of variation ``std / mean`` (comparable across run lengths),
-  and Jain's fairness index ``J = (sum_k c_k)^2 / (K * sum_k c_k^2)`` (1 when every client is
-  selected equally often, ``1/K`` when one client takes every slot).
+  Jain's fairness index ``J = (sum_k c_k)^2 / (K * sum_k c_k^2)`` (1 when every client is
+  selected equally often, ``1/K`` when one client takes every slot) and the total variation
+  distance of the clients' shares of the selections from uniform, ``1/2 sum_k |c_k / sum c -
+  1/K|`` (0 for even selection).
 """
 
 from __future__ import annotations
@@ -20,6 +22,14 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
+
+
+def nanmean(x, axis=None) -> np.ndarray:
+    """Mean over the non-NaN entries; NaN (without a warning) where all are NaN, e.g. the
+    accuracy of a regression task."""
+    x = np.asarray(x, np.float64)
+    count = np.sum(~np.isnan(x), axis=axis)
+    return np.where(count > 0, np.nansum(x, axis=axis) / np.maximum(count, 1), np.nan)
 
 
 def jain_index(counts: Sequence[float]) -> float:
@@ -42,6 +52,9 @@ def selection_summary(counts: Sequence[int]) -> dict[str, float]:
         "selection_count_max": float(c.max()),
         "clients_never_selected": int(np.sum(c == 0)),
         "jain_fairness": jain_index(c),
+        "selection_tv_from_uniform": (
+            float(0.5 * np.sum(np.abs(c / c.sum() - 1.0 / c.size))) if c.sum() > 0 else 0.0
+        ),
     }
 
 

@@ -39,12 +39,13 @@ from fedjax_sel.base import (
     Strategy,
     TrainResult,
 )
-from fedjax_sel.data.client_data import ClientData
+from fedjax_sel.data.client_data import ClientData, stack_client_data
 from fedjax_sel.data.datasets import FederatedDataset
 from fedjax_sel.models import Model
 from fedjax_sel.training import evaluate as ev
 from fedjax_sel.training.local import LocalConfig, client_optimizer, make_trainer
 from fedjax_sel.training.server import server_optimizer, server_step, weighted_delta
+from fedjax_sel.tree import stacked_norms
 
 # fold_in tags of the per-round key
 _AVAIL, _SELECT, _TRAIN = 0, 1, 2
@@ -64,6 +65,8 @@ class SimState:
       client_opt_states: per-client optimizer states stacked over K (persistent client state),
         or ``None``.
       selection_counts: int32[K], rounds each client was selected in.
+      weight_sums: float32[K], each client's aggregation weights summed over the rounds
+        (``weight_sums / T`` is CA-Fed's cumulative weight, its Fig. 1d).
     """
 
     round: Array
@@ -74,6 +77,7 @@ class SimState:
     availability_state: Any
     client_opt_states: Any
     selection_counts: Array
+    weight_sums: Array
 
 
 class RoundLog(NamedTuple):
@@ -88,10 +92,15 @@ class RoundLog(NamedTuple):
     num_available: Array
     update_norm: Array  # mean over selected slots
     finite: Array  # bool: global parameters finite after the round
+    diagnostics: dict  # the strategy's per-round diagnostics (Selection.diagnostics) + engine's
 
 
 class SimData(NamedTuple):
-    """The device arrays a simulation reads (passed as jit arguments, never baked in)."""
+    """The device arrays a simulation reads (passed as jit arguments, never baked in).
+
+    ``test_valid`` marks the real rows of a central test set padded to a common length when
+    the data of several seeds are stacked (``None``: every row is real).
+    """
 
     train: ClientData
     test: ClientData | None
@@ -99,13 +108,92 @@ class SimData(NamedTuple):
     test_y: Array
     server_x: Array | None = None
     server_y: Array | None = None
+    test_valid: Array | None = None
+
+    @classmethod
+    def of(cls, dataset: FederatedDataset) -> SimData:
+        return cls(
+            dataset.train,
+            dataset.test,
+            dataset.test_x,
+            dataset.test_y,
+            dataset.server_x,
+            dataset.server_y,
+        )
 
 
-def _tree_norms(deltas: Params) -> Array:
-    sq = sum(
-        jnp.sum(jnp.square(d).reshape(d.shape[0], -1), axis=1) for d in jax.tree.leaves(deltas)
+class NotStackable(ConfigError):
+    """The data of several seeds cannot share one compiled program (run them one by one)."""
+
+
+def stack_sim_data(parts: list[SimData]) -> SimData:
+    """The data of several simulations (one per seed) stacked on a leading axis for
+    :meth:`Simulation.run_rounds_batch`; training and per-client test data are padded (see
+    :func:`~fedjax_sel.data.client_data.stack_client_data`), the central test set is padded
+    with a validity mask. Server-held sets must have equal shapes (:class:`NotStackable`)."""
+    if len({p.test is None for p in parts}) > 1:
+        raise NotStackable("some seeds have per-client test splits and others do not")
+    servers = {None if p.server_x is None else p.server_x.shape for p in parts}
+    if len(servers) > 1:
+        raise NotStackable(f"server-held sets of different sizes across seeds: {servers}")
+    try:
+        train = stack_client_data([p.train for p in parts])
+        test = None if parts[0].test is None else stack_client_data([p.test for p in parts])
+    except ConfigError as e:
+        raise NotStackable(str(e)) from None
+    m = max(p.test_x.shape[0] for p in parts)
+
+    def pad(a: Array) -> Array:
+        return jnp.pad(a, [(0, m - a.shape[0])] + [(0, 0)] * (a.ndim - 1))
+
+    stack = jnp.stack
+    return SimData(
+        train=train,
+        test=test,
+        test_x=stack([pad(p.test_x) for p in parts]),
+        test_y=stack([pad(p.test_y) for p in parts]),
+        server_x=None if parts[0].server_x is None else stack([p.server_x for p in parts]),
+        server_y=None if parts[0].server_y is None else stack([p.server_y for p in parts]),
+        test_valid=stack([jnp.arange(m) < p.test_x.shape[0] for p in parts]),
     )
-    return jnp.sqrt(sq)
+
+
+def stack_states(states: list[SimState]) -> SimState:
+    """States of one configuration at the same round, stacked on a leading seed axis (the
+    round counter stays a scalar: every member is at the same round)."""
+    first = states[0]
+    for s in states:
+        if int(s.round) != int(first.round):
+            raise ConfigError("stacked states must be at the same round")
+    rest = jax.tree.map(lambda *xs: jnp.stack(xs), *[s.replace(round=None) for s in states])
+    return rest.replace(round=first.round)
+
+
+def round_diagnostics(diagnostics: dict | None, available: Array, counts: Array) -> dict:
+    """The round's logged diagnostics: the strategy's (its sampling ``law`` reduced to
+    ``law_entropy_ratio`` and ``law_max_over_uniform``, see :class:`Selection`) and the
+    engine's ``never_picked`` (clients not selected in any round so far)."""
+    out = dict(diagnostics or {})
+    law = out.pop("law", None)
+    if law is not None:
+        p = jnp.where(available, law, 0.0).astype(jnp.float32)
+        p = p / jnp.maximum(jnp.sum(p), 1e-30)
+        n = jnp.maximum(jnp.sum(available), 1).astype(jnp.float32)
+        entropy = -jnp.sum(jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0))
+        out["law_entropy_ratio"] = jnp.where(n > 1, entropy / jnp.log(n), 1.0)
+        out["law_max_over_uniform"] = jnp.max(p) * n
+    out["never_picked"] = jnp.sum(counts == 0)
+    return out
+
+
+def _state_axes(states: SimState) -> SimState:
+    """``vmap`` axes of stacked states: 0 for every leaf but the shared round counter."""
+    return jax.tree.map(lambda _: 0, states.replace(round=None)).replace(round=None)
+
+
+def unstack_state(states: SimState, i: int) -> SimState:
+    """Member ``i`` of a stacked state."""
+    return jax.tree.map(lambda x: x[i], states.replace(round=None)).replace(round=states.round)
 
 
 class Simulation:
@@ -132,6 +220,8 @@ class Simulation:
       eval_batch_size: batch of the evaluation passes.
       mesh: a one-axis ``jax.sharding.Mesh`` named ``clients`` to shard the slot axis of local
         training (and a padded data set's client axis) over several devices.
+      n_max: the largest client any simulated data set holds (default: ``dataset``'s); larger
+        when the data of several seeds run stacked (:meth:`run_rounds_batch`).
     """
 
     def __init__(
@@ -150,12 +240,16 @@ class Simulation:
         chunk_size: int = 10,
         eval_batch_size: int = 1024,
         mesh: jax.sharding.Mesh | None = None,
+        n_max: int | None = None,
     ):
         local.validate()
         k = dataset.num_clients
         if per_round < 1 or per_round > k:
             raise ConfigError(
-                f"per_round={per_round} clients per round is impossible with {k} clients"
+                f"per_round={per_round} must lie in [1, number of clients]: it exceeds the "
+                f"number of clients ({k})"
+                if per_round > k
+                else f"per_round must be >= 1, got {per_round}"
             )
         if num_rounds < 1:
             raise ConfigError(f"num_rounds must be >= 1, got {num_rounds}")
@@ -175,29 +269,27 @@ class Simulation:
         self.chunk_size = int(chunk_size)
         self.eval_batch_size = int(eval_batch_size)
         self.mesh = mesh
+        self.n_max = int(n_max or dataset.train.n_max)
         self.trainer = make_trainer(
             model,
             local,
-            dataset.train.n_max,
+            self.n_max,
             parallel=parallel,
             persistent_state=persistent_client_state,
+            mesh=mesh,
         )
         self.parallel = self.trainer.mode
-        self.data = self._place(
-            SimData(
-                dataset.train,
-                dataset.test,
-                dataset.test_x,
-                dataset.test_y,
-                dataset.server_x,
-                dataset.server_y,
-            )
-        )
+        self.data = self._place(SimData.of(dataset))
         self._chunk = jax.jit(self._chunk_fn, static_argnums=(2,))
         self._evaluate = jax.jit(self._evaluate_fn)
+        self._batched_fns: dict = {}
         self._phases = None
 
     # ----------------------------------------------------------------------------- set-up
+    def place(self, data: SimData) -> SimData:
+        """``data`` on the simulation's devices (the client axis sharded over a mesh)."""
+        return self._place(data)
+
     def _place(self, data: SimData) -> SimData:
         if self.mesh is None:
             return data
@@ -218,8 +310,8 @@ class Simulation:
         )
         return SimData(train, *rest)
 
-    def spec(self, params: Params) -> SimSpec:
-        ds = self.dataset
+    def spec(self, params: Params, dataset: FederatedDataset | None = None) -> SimSpec:
+        ds = dataset or self.dataset
         label_counts = None
         if ds.num_classes is not None and ds.task == "classification":
             label_counts = ds.train.label_counts(ds.num_classes)
@@ -233,15 +325,19 @@ class Simulation:
             label_counts=label_counts,
         )
 
-    def init(self, seed: int = 0, params: Params | None = None) -> SimState:
+    def init(
+        self, seed: int = 0, params: Params | None = None, dataset: FederatedDataset | None = None
+    ) -> SimState:
         """The initial state: model parameters from ``seed`` (unless given), strategy and
-        availability states, fresh server optimizer."""
+        availability states, fresh server optimizer. ``dataset``: the seed's own data set when
+        seeds run stacked with different partitions (default: the simulation's)."""
         base = jax.random.key(seed)
         if params is None:
             params = self.model.init(jax.random.fold_in(base, 1))
         sim_key = jax.random.fold_in(base, 2)
         k = self.dataset.num_clients
-        strategy_state = self.strategy.init(jax.random.fold_in(sim_key, 101), self.spec(params))
+        spec = self.spec(params, dataset)
+        strategy_state = self.strategy.init(jax.random.fold_in(sim_key, 101), spec)
         availability_state = self.availability.init(jax.random.fold_in(sim_key, 102), k)
         client_states = None
         if self.persistent_client_state:
@@ -256,6 +352,7 @@ class Simulation:
             availability_state=availability_state,
             client_opt_states=client_states,
             selection_counts=jnp.zeros((k,), jnp.int32),
+            weight_sums=jnp.zeros((k,), jnp.float32),
         )
 
     # ----------------------------------------------------------------------------- oracle
@@ -270,29 +367,16 @@ class Simulation:
         def batch_loss(params, clients, key, batch_size):
             return ev.client_batch_losses(model, params, train_data, clients, key, batch_size)
 
-        def all_metrics(params):
-            loss_k, acc_k, _ = ev.evaluate_all_clients(model, params, train_data, bs)
-            return loss_k, acc_k
-
         def all_losses(params):
-            return all_metrics(params)[0]
+            return ev.evaluate_all_clients(model, params, train_data, bs)[0]
 
-        def _train(params, clients, key, active, per_slot):
+        def train(params, clients, key, active=None):
             clients = jnp.asarray(clients, jnp.int32)
             active = jnp.ones(clients.shape, bool) if active is None else active
             states = None
             if client_opt_states is not None:
                 states = jax.tree.map(lambda s: s[clients], client_opt_states)
-            return self.trainer(params, train_data, clients, active, key, states, per_slot)
-
-        def train(params, clients, key, active=None):
-            return _train(params, clients, key, active, False)
-
-        def train_from(params, clients, key, active=None):
-            return _train(params, clients, key, active, True)
-
-        def evaluate(params):
-            return ev.evaluate_central(model, params, data.test_x, data.test_y, bs)
+            return self.trainer(params, train_data, clients, active, key, states, False)
 
         def server_loss(params, size=None):
             if data.server_x is None:
@@ -319,16 +403,7 @@ class Simulation:
         if train_key is None:
             train_key = jax.random.key(0)
         return ClientOracle(
-            loss,
-            batch_loss,
-            all_losses,
-            all_metrics,
-            train,
-            train_from,
-            evaluate,
-            train_key,
-            server_loss,
-            client_test_loss,
+            loss, batch_loss, all_losses, train, train_key, server_loss, client_test_loss
         )
 
     # ----------------------------------------------------------------------------- phases
@@ -405,7 +480,15 @@ class Simulation:
         new_params, server_state = server_step(
             self.server_tx, params, state.server_opt_state, delta
         )
-        norms = _tree_norms(deltas)
+        # A round in which nobody trained leaves the model and the server optimizer as they
+        # were (momentum, Adam and weight decay would otherwise still move the model).
+        trained = jnp.any(mask)
+        new_params, server_state = jax.tree.map(
+            lambda new, old: jnp.where(trained, new, old),
+            (new_params, server_state),
+            (params, state.server_opt_state),
+        )
+        norms = stacked_norms(deltas)
         feedback = RoundFeedback(
             round=state.round,
             available=available,
@@ -423,6 +506,9 @@ class Simulation:
         k = data.train.num_clients
         idx = jnp.where(mask, selection.clients, k)
         counts = state.selection_counts.at[idx].add(1, mode="drop")
+        weight_sums = state.weight_sums.at[idx].add(
+            jnp.where(mask, selection.weights, 0.0), mode="drop"
+        )
         client_states = state.client_opt_states
         if self.persistent_client_state and result.opt_states is not None:
             client_states = jax.tree.map(
@@ -443,6 +529,7 @@ class Simulation:
             num_available=jnp.sum(available),
             update_norm=jnp.sum(jnp.where(mask, norms, 0.0)) / denom,
             finite=finite,
+            diagnostics=round_diagnostics(selection.diagnostics, available, counts),
         )
         state = state.replace(
             round=state.round + 1,
@@ -451,6 +538,7 @@ class Simulation:
             strategy_state=strategy_state,
             client_opt_states=client_states,
             selection_counts=counts,
+            weight_sums=weight_sums,
         )
         return state, log
 
@@ -475,19 +563,87 @@ class Simulation:
         return jax.lax.scan(body, state, jnp.arange(length))
 
     # ----------------------------------------------------------------------------- running
-    def run_rounds(self, state: SimState, num_rounds: int) -> tuple[SimState, RoundLog]:
+    def run_rounds(
+        self, state: SimState, num_rounds: int, data: SimData | None = None
+    ) -> tuple[SimState, RoundLog]:
         """Runs ``num_rounds`` rounds in compiled chunks of ``chunk_size``; returns the new
-        state and the host-side logs of those rounds (stacked on axis 0)."""
+        state and the host-side logs of those rounds (stacked on axis 0). ``data``: another
+        data set of the same shapes (default: the simulation's)."""
+        data = self.data if data is None else data
         logs = []
         done = 0
         while done < num_rounds:
             n = min(self.chunk_size, num_rounds - done)
-            state, log = self._chunk(state, self.data, self.chunk_size, jnp.int32(n))
+            state, log = self._chunk(state, data, self.chunk_size, jnp.int32(n))
             logs.append(jax.tree.map(lambda a, n=n: np.asarray(a)[:n], log))
             done += n
         return state, jax.tree.map(lambda *a: np.concatenate(a), *logs)
 
-    def run_rounds_profiled(self, state: SimState, num_rounds: int):
+    # ------------------------------------------------------------------ several seeds at once
+    def _batched(self, what: str, length: int, shared: bool):
+        """The vmapped-over-seeds version of the chunk (``what="chunk"``) or of the evaluation;
+        ``shared``: every member reads the same data (``in_axes=None``, no copies)."""
+        key = (what, length, shared)
+        if key not in self._batched_fns:
+            data_axis = None if shared else 0
+            if what == "chunk":
+
+                def fn(states, data, num_active):
+                    axes = _state_axes(states)
+                    return jax.vmap(
+                        lambda s, d: self._chunk_fn(s, d, length, num_active),
+                        in_axes=(axes, data_axis),
+                        out_axes=(axes, 0),
+                    )(states, data)
+
+            else:
+
+                def fn(states, data):
+                    axes = _state_axes(states)
+                    return jax.vmap(
+                        lambda s, d: self._evaluate_fn(s.params, s.strategy_state, d),
+                        in_axes=(axes, data_axis),
+                    )(states, data)
+
+            self._batched_fns[key] = jax.jit(fn)
+        return self._batched_fns[key]
+
+    def init_batch(
+        self, seeds: list[int], datasets: list[FederatedDataset] | None = None
+    ) -> SimState:
+        """The initial states of ``seeds`` stacked on a leading axis (each from its own data
+        set when ``datasets`` are given)."""
+        datasets = datasets or [None] * len(seeds)
+        return stack_states([self.init(s, dataset=d) for s, d in zip(seeds, datasets, strict=True)])
+
+    def run_rounds_batch(
+        self, states: SimState, data: SimData | None, num_rounds: int
+    ) -> tuple[SimState, RoundLog]:
+        """:meth:`run_rounds` for several seeds at once, vmapped over the leading axis of
+        ``states`` (one compiled program). ``data``: stacked per-seed data
+        (:func:`stack_sim_data`), or ``None`` when every seed reads the simulation's own.
+        Logs are stacked ``[seeds, rounds, ...]``."""
+        shared = data is None
+        data = self.data if shared else data
+        fn = self._batched("chunk", self.chunk_size, shared)
+        logs = []
+        done = 0
+        while done < num_rounds:
+            n = min(self.chunk_size, num_rounds - done)
+            states, log = fn(states, data, jnp.int32(n))
+            logs.append(jax.tree.map(lambda a, n=n: np.asarray(a)[:, :n], log))
+            done += n
+        return states, jax.tree.map(lambda *a: np.concatenate(a, axis=1), *logs)
+
+    def evaluate_batch(self, states: SimState, data: SimData | None) -> list[dict[str, float]]:
+        """:meth:`evaluate` of every member of stacked ``states``."""
+        shared = data is None
+        out = self._batched("evaluate", 0, shared)(states, self.data if shared else data)
+        out = {k: np.asarray(v) for k, v in out.items()}
+        n = next(iter(out.values())).shape[0]
+        return [{k: float(v[i]) for k, v in out.items()} for i in range(n)]
+
+    def run_rounds_profiled(self, state: SimState, num_rounds: int, data: SimData | None = None):
         """Runs rounds with each phase compiled and timed separately (``--profile``).
 
         Returns ``(state, logs, seconds)`` where ``seconds`` maps ``select``, ``train`` and
@@ -501,17 +657,16 @@ class Simulation:
                 jax.jit(self._aggregate_phase),
             )
         select, train, aggregate = self._phases
+        data = self.data if data is None else data
         seconds = {"select": 0.0, "train": 0.0, "aggregate": 0.0}
         logs = []
         for _ in range(num_rounds):
             t0 = time.perf_counter()
-            state, selection, available = jax.block_until_ready(select(state, self.data))
+            state, selection, available = jax.block_until_ready(select(state, data))
             t1 = time.perf_counter()
-            result = jax.block_until_ready(train(state, self.data, selection))
+            result = jax.block_until_ready(train(state, data, selection))
             t2 = time.perf_counter()
-            state, log = jax.block_until_ready(
-                aggregate(state, self.data, selection, available, result)
-            )
+            state, log = jax.block_until_ready(aggregate(state, data, selection, available, result))
             t3 = time.perf_counter()
             seconds["select"] += t1 - t0
             seconds["train"] += t2 - t1
@@ -524,7 +679,7 @@ class Simulation:
         model, bs = self.model, self.eval_batch_size
 
         def central(params):
-            return ev.evaluate_central(model, params, data.test_x, data.test_y, bs)
+            return ev.evaluate_central(model, params, data.test_x, data.test_y, bs, data.test_valid)
 
         def client_test(params):
             return ev.evaluate_all_clients(model, params, data.test, bs)
@@ -549,11 +704,12 @@ class Simulation:
             out.update(self.strategy.metrics(strategy_state, params, evaluator))
         return out
 
-    def evaluate(self, state: SimState) -> dict[str, float]:
+    def evaluate(self, state: SimState, data: SimData | None = None) -> dict[str, float]:
         """Central test loss/accuracy; with per-client test splits, the mean over clients of
         each client's test loss/accuracy; and the strategy's own ``metrics`` (accuracies are
         NaN for regression)."""
-        out = self._evaluate(state.params, state.strategy_state, self.data)
+        data = self.data if data is None else data
+        out = self._evaluate(state.params, state.strategy_state, data)
         return {k: float(v) for k, v in out.items()}
 
 

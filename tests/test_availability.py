@@ -13,9 +13,9 @@ from fedjax_sel.availability import (
     markov,
     markov_lambda_range,
     markov_transition,
-    parse_spec,
 )
 from fedjax_sel.base import ConfigError
+from fedjax_sel.registry import parse_spec
 
 
 def _trajectory(model, k, t, seed=0):
@@ -73,7 +73,23 @@ def test_markov_lambda_range_is_enforced():
 
 
 def test_parse_spec():
-    assert parse_spec("markov:pi=0.5,lam=0.9") == ("markov", {"pi": 0.5, "lam": 0.9})
-    assert parse_spec("always") == ("always", {})
-    with pytest.raises(ConfigError, match="key=value"):
-        parse_spec("bernoulli:0.5")
+    assert parse_spec("markov:pi=0.5,lam=0.9", what="availability") == (
+        "markov",
+        [],
+        {"pi": "0.5", "lam": "0.9"},
+    )
+    assert parse_spec("always", what="availability") == ("always", [], {})
+    assert parse_spec("dirichlet:0.1,min_size=3", what="partition") == (
+        "dirichlet",
+        ["0.1"],
+        {"min_size": "3"},
+    )
+    with pytest.raises(ConfigError, match="bare values come before"):
+        parse_spec("dirichlet:alpha=0.1,3", what="partition")
+    # availability models take no bare values: the registry names the problem
+    from fedjax_sel.availability import from_spec
+
+    with pytest.raises(ConfigError, match="takes 0 bare value"):
+        from_spec("bernoulli:0.5")
+    with pytest.raises(ConfigError, match="pi='abc' is not a valid"):
+        from_spec("markov:pi=abc")

@@ -94,7 +94,7 @@ def test_markov_cli_spec_means_the_paper_population():
         ("markov:eps=-1", "eps must be >= 0"),
         ("markov:pi=0.9,lam=-5", "lam=-5.0 is outside its valid range"),
         ("markov:g=0.2,pi=0.5", "not both"),
-        ("markov:sigma=1", "no parameter(s) ['sigma']"),
+        ("markov:sigma=1", "no option(s) ['sigma']"),
     ],
 )
 def test_markov_bad_parameters_give_clear_errors(spec, message):

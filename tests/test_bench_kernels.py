@@ -18,7 +18,7 @@ def limited_kernel():
         return (lambda x: jnp.outer(x, x).sum()), (jnp.ones((k,), jnp.float32),)
 
     yield "test_dense_square"
-    KERNEL_BENCHMARKS.pop("test_dense_square")
+    KERNEL_BENCHMARKS.unregister("test_dense_square")
 
 
 def test_rows_and_limit(limited_kernel, tmp_path, capsys):

@@ -221,16 +221,13 @@ def fake_oracle(losses):
         raise AssertionError("not used by these strategies")
 
     return ClientOracle(
-        loss,
-        loss,
-        lambda params: jnp.asarray(losses),
-        unused,
-        unused,
-        unused,
-        unused,
-        jax.random.key(0),
-        None,
-        lambda params, clients: jnp.asarray(losses)[clients],
+        loss=loss,
+        batch_loss=loss,
+        all_losses=lambda params: jnp.asarray(losses),
+        train=unused,
+        train_key=jax.random.key(0),
+        server_loss=None,
+        client_test_loss=lambda params, clients: jnp.asarray(losses)[clients],
     )
 
 

@@ -55,7 +55,7 @@ def _fake_oracle(loss_of_client):
         del params, key
         return loss_of_client[clients]
 
-    return ClientOracle(loss, None, None, None, None, None, None, None)
+    return ClientOracle(loss=loss, batch_loss=None, all_losses=None, train=None, train_key=None)
 
 
 def test_active_fl_valuations_first_round_and_softmax_law():

@@ -53,16 +53,13 @@ def planted_oracle(bad: list[int], noise: float = 0.05, seed: int = 0) -> Client
         return jnp.zeros(clients.shape, jnp.float32) + jnp.arange(clients.shape[0]) * 0.0
 
     return ClientOracle(
-        loss,
-        unused,
-        unused,
-        unused,
-        train,
-        unused,
-        unused,
-        jax.random.key(7),
-        server_loss,
-        lambda p, c: jnp.full(c.shape, server_loss(p)),
+        loss=loss,
+        batch_loss=unused,
+        all_losses=unused,
+        train=train,
+        train_key=jax.random.key(7),
+        server_loss=server_loss,
+        client_test_loss=lambda p, c: jnp.full(c.shape, server_loss(p)),
     )
 
 

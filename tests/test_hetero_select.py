@@ -128,14 +128,11 @@ def fake_oracle(losses):
         raise AssertionError("hetero_select must only call all_losses")
 
     return ClientOracle(
-        unused,
-        unused,
-        lambda params: jnp.asarray(losses, jnp.float32),
-        unused,
-        unused,
-        unused,
-        unused,
-        jax.random.key(0),
+        loss=unused,
+        batch_loss=unused,
+        all_losses=lambda params: jnp.asarray(losses, jnp.float32),
+        train=unused,
+        train_key=jax.random.key(0),
     )
 
 

@@ -13,7 +13,7 @@ import pytest
 from fedjax_sel import metrics
 from fedjax_sel.cli import print_summary_table
 from fedjax_sel.config import RunConfig
-from fedjax_sel.runner import run_experiment
+from fedjax_sel.experiment import run_experiment
 
 
 @pytest.mark.parametrize("seed", range(5))

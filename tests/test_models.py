@@ -10,7 +10,7 @@ import pytest
 
 from fedjax_sel.base import ConfigError
 from fedjax_sel.models import cross_entropy, make_model, masked_mean, ridge, squared_error
-from fedjax_sel.models.zoo import PatchConv, extract_patches
+from fedjax_sel.models.cnn import PatchConv, extract_patches
 
 
 def test_cross_entropy_matches_numpy():
@@ -94,14 +94,14 @@ def test_make_model_errors():
     with pytest.raises(ConfigError, match="image inputs"):
         make_model("cnn", input_shape=(60,), num_classes=10)
     with pytest.raises(ConfigError, match="ridge"):
-        make_model("logreg", input_shape=(4,), num_classes=2, ridge_coef=-1)
+        make_model("logreg", input_shape=(4,), num_classes=2, ridge=-1)
 
 
 def test_resnet18_through_make_model():
     # make_model("resnet18") is the GroupNorm ResNet-18 of models/resnet.py, with the ridge term
     from fedjax_sel.models.resnet import make_resnet18
 
-    model = make_model("resnet18", input_shape=(8, 8, 3), num_classes=5, width=4, ridge_coef=0.1)
+    model = make_model("resnet18", input_shape=(8, 8, 3), num_classes=5, width=4, ridge=0.1)
     direct = make_resnet18(input_shape=(8, 8, 3), num_classes=5, width=4)
     params = model.init(jax.random.key(0))
     x = jax.random.normal(jax.random.key(1), (2, 8, 8, 3))

@@ -13,8 +13,8 @@ from fedjax_sel.availability import bernoulli
 from fedjax_sel.base import ConfigError
 from fedjax_sel.config import RunConfig
 from fedjax_sel.data import load_dataset
+from fedjax_sel.experiment import run_experiment
 from fedjax_sel.models import make_model
-from fedjax_sel.runner import run_experiment
 from fedjax_sel.simulation import Simulation
 from fedjax_sel.strategies import make_strategy
 from fedjax_sel.training import LocalConfig

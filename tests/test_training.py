@@ -92,7 +92,7 @@ def test_full_batch_local_steps_match_numpy(mode, opts):
 def test_ridge_enters_the_gradient():
     xs, ys = _clients([6])
     data = from_client_arrays(xs, ys)
-    model = make_model("logreg", input_shape=(D,), num_classes=C, ridge_coef=0.2)
+    model = make_model("logreg", input_shape=(D,), num_classes=C, ridge=0.2)
     params = _params(model)
     cfg = LocalConfig(batch_size=8, lr=0.5, local_steps=3)
     res = make_trainer(model, cfg, data.n_max, parallel="vmap")(

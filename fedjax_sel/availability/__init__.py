@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sel.base import Array, AvailabilityModel, ConfigError, PRNGKey
+from fedjax_sel.registry import Registry
 
 
 class EmptyAvailabilityState(NamedTuple):
@@ -120,49 +121,40 @@ def markov_transition(on: Array, pi: Array, lam: Array) -> Array:
     return jnp.where(on, lam + (1 - lam) * pi, (1 - lam) * pi)
 
 
-AVAILABILITY: dict[str, tuple[Callable[..., AvailabilityModel], dict[str, str]]] = {
-    "always": (always, {}),
-    "bernoulli": (bernoulli, {"p": "probability of being online each round"}),
-    "markov": (
-        markov,
-        {"pi": "stationary availability", "lam": "second eigenvalue (autocorrelation)"},
-    ),
-}
+AVAILABILITY = Registry("availability", package="fedjax_sel.availability")
 
 
-def register_availability(name: str, factory: Callable[..., AvailabilityModel], params: dict):
-    """Adds an availability model to the registry used by the CLI and :func:`from_spec`."""
-    AVAILABILITY[name] = (factory, params)
+def register_availability(
+    name: str,
+    factory: Callable[..., AvailabilityModel],
+    params: dict[str, str] | None = None,
+    *,
+    description: str | None = None,
+    replace: bool = False,
+) -> None:
+    """Adds an availability model to the registry used by the CLI and :func:`from_spec`.
+
+    ``factory``'s keyword parameters are the model's options (``name:key=value,...``);
+    ``params`` describes them for ``fedjax-sel list``.
+    """
+    doc = (factory.__doc__ or name).strip().splitlines()[0]
+    AVAILABILITY.add(
+        name, factory, description=description or doc, params=dict(params or {}), replace=replace
+    )
 
 
-def parse_spec(spec: str) -> tuple[str, dict]:
-    """``name`` or ``name:key=value,key=value`` -> ``(name, kwargs)`` with float values
-    (a value that is not a number stays a string)."""
-    name, _, rest = spec.partition(":")
-    kwargs: dict = {}
-    for item in filter(None, (s.strip() for s in rest.split(","))):
-        key, eq, value = item.partition("=")
-        if not eq:
-            raise ConfigError(f"cannot read {item!r} in {spec!r}: expected key=value")
-        try:
-            kwargs[key.strip()] = float(value)
-        except ValueError:
-            kwargs[key.strip()] = value.strip()
-    return name.strip().lower(), kwargs
+register_availability("always", always, {})
+register_availability("bernoulli", bernoulli, {"p": "probability of being online each round"})
+register_availability(
+    "markov",
+    markov,
+    {"pi": "stationary availability", "lam": "second eigenvalue (autocorrelation)"},
+)
 
 
 def from_spec(spec: str) -> AvailabilityModel:
     """Builds an availability model from a CLI spec such as ``markov:pi=0.5,lam=0.9``."""
-    name, kwargs = parse_spec(spec)
-    if name not in AVAILABILITY:
-        raise ConfigError(f"unknown availability {name!r}; known: {', '.join(AVAILABILITY)}")
-    factory, params = AVAILABILITY[name]
-    unknown = set(kwargs) - set(params)
-    if unknown:
-        raise ConfigError(
-            f"availability {name!r} has no parameter(s) {sorted(unknown)}; it takes {list(params)}"
-        )
-    return factory(**kwargs)
+    return AVAILABILITY.from_spec(spec)
 
 
 __all__ = [
@@ -174,19 +166,5 @@ __all__ = [
     "markov",
     "markov_lambda_range",
     "markov_transition",
-    "parse_spec",
     "register_availability",
 ]
-
-
-def _import_submodules() -> None:
-    """Availability models in modules of their own register themselves on import."""
-    import importlib
-    import pkgutil
-
-    for m in pkgutil.iter_modules(__path__):
-        if not m.name.startswith("_"):
-            importlib.import_module(f"{__name__}.{m.name}")
-
-
-_import_submodules()

@@ -143,4 +143,5 @@ availability_lib.register_availability(
         "pi": "homogeneous chain: stationary availability of every client",
         "lam": "homogeneous chain: second eigenvalue of every client",
     },
+    replace=True,  # CA-Fed's population extends the homogeneous chain of the package
 )

@@ -9,6 +9,7 @@ adds its kernels in a module of its own.
 
 from fedjax_sel.bench.common import machine_info, print_table, write_json_rows
 from fedjax_sel.bench.kernels import KERNEL_BENCHMARKS, kernels_main, register_kernel
+from fedjax_sel.bench.sweep import sweep_main
 from fedjax_sel.bench.throughput import throughput_main
 
 __all__ = [
@@ -17,6 +18,7 @@ __all__ = [
     "machine_info",
     "print_table",
     "register_kernel",
+    "sweep_main",
     "throughput_main",
     "write_json_rows",
 ]

@@ -7,26 +7,16 @@ calls it once to compile, then reports the median of ``repeats`` calls as a row
 
 from __future__ import annotations
 
-import dataclasses
-import importlib
-import pkgutil
 from collections.abc import Callable
 
 import jax
 
 from fedjax_sel.bench.common import machine_info, print_table, time_call, write_json_rows
+from fedjax_sel.registry import Registry
 
-
-@dataclasses.dataclass(frozen=True)
-class KernelBenchmark:
-    name: str
-    build: Callable[[int], tuple[Callable, tuple]]
-    default_clients: tuple[int, ...]
-    description: str
-    max_clients: int | None = None  # larger K cannot fit (e.g. a dense K x K matrix)
-
-
-KERNEL_BENCHMARKS: dict[str, KernelBenchmark] = {}
+KERNEL_BENCHMARKS = Registry(
+    "kernel benchmark", fixed=("num_clients",), package="fedjax_sel.bench", prefix="kernels_"
+)
 
 
 def register_kernel(
@@ -36,21 +26,14 @@ def register_kernel(
     description: str = "",
     max_clients: int | None = None,
 ) -> Callable:
-    def wrap(build):
-        KERNEL_BENCHMARKS[name] = KernelBenchmark(
-            name, build, tuple(default_clients), description, max_clients
-        )
-        return build
-
-    return wrap
-
-
-def _load_all() -> None:
-    import fedjax_sel.bench as pkg
-
-    for m in pkgutil.iter_modules(pkg.__path__):
-        if m.name.startswith("kernels_"):
-            importlib.import_module(f"fedjax_sel.bench.{m.name}")
+    """Decorator registering ``build(num_clients) -> (fn, args)``; ``max_clients``: larger K
+    cannot fit (e.g. a dense K x K matrix)."""
+    return KERNEL_BENCHMARKS.register(
+        name,
+        description=description,
+        default_clients=tuple(default_clients),
+        max_clients=max_clients,
+    )
 
 
 def kernels_main(
@@ -62,21 +45,16 @@ def kernels_main(
 ) -> list[dict]:
     """Times the named kernels (all when ``None``) at each K in ``clients`` (each kernel's
     defaults when ``None``); prints a table and writes the rows as a JSON list to ``out``."""
-    _load_all()
     names = kernels or sorted(KERNEL_BENCHMARKS)
-    unknown = [n for n in names if n not in KERNEL_BENCHMARKS]
-    if unknown:
-        from fedjax_sel.base import ConfigError
-
-        raise ConfigError(f"unknown kernel(s) {unknown}; known: {sorted(KERNEL_BENCHMARKS)}")
+    entries = [KERNEL_BENCHMARKS[n] for n in names]  # unknown names: a ConfigError naming them
     rows = []
-    for name in names:
-        bench = KERNEL_BENCHMARKS[name]
-        for k in clients or bench.default_clients:
-            if bench.max_clients is not None and k > bench.max_clients:
-                print(f"  {name} K={k}: skipped, above its limit of {bench.max_clients} clients")
+    for name, bench in zip(names, entries, strict=True):
+        limit = bench.info["max_clients"]
+        for k in clients or bench.info["default_clients"]:
+            if limit is not None and k > limit:
+                print(f"  {name} K={k}: skipped, above its limit of {limit} clients")
                 continue
-            fn, args = bench.build(int(k))
+            fn, args = bench.factory(int(k))
             jfn = jax.jit(fn)
             try:
                 t = time_call(lambda jfn=jfn, args=args: jfn(*args), repeats=repeats)

@@ -21,7 +21,3 @@ __all__ = [
     "register_dataset",
     "shards",
 ]
-
-from fedjax_sel.data.datasets import _import_dataset_modules  # noqa: E402
-
-_import_dataset_modules()

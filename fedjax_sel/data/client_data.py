@@ -108,7 +108,8 @@ class ClientData:
             self.counts,
             total_repeat_length=self.x.shape[0],
         )
-        valid = jnp.ones((self.x.shape[0],), bool)
+        # rows past the last client's are padding (data sets stacked over seeds)
+        valid = jnp.arange(self.x.shape[0]) < jnp.sum(self.counts)
         return self._features(self.x), self.y, client, valid
 
     def client_arrays(self, client: int) -> tuple[np.ndarray, np.ndarray]:
@@ -205,3 +206,66 @@ def from_client_arrays(
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
     parts = [np.arange(s, s + n) for s, n in zip(starts, sizes, strict=True)]
     return from_parts(x, y, parts, layout=layout, x_scale=x_scale, allow_empty=allow_empty)
+
+
+def to_flat(data: ClientData) -> ClientData:
+    """The same clients in the flat layout (host-side copy)."""
+    if data.layout == "flat":
+        return data
+    k = data.num_clients
+    counts = np.asarray(data.counts)
+    keep = (np.arange(data.x.shape[1])[None, :] < counts[:, None]).reshape(-1)
+    x = np.asarray(data.x).reshape((-1,) + data.x.shape[2:])[keep]
+    y = np.asarray(data.y).reshape((-1,) + data.y.shape[2:])[keep]
+    offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]) if k else np.zeros(0)
+    return data.replace(
+        x=jnp.asarray(x),
+        y=jnp.asarray(y),
+        offsets=jnp.asarray(offsets, jnp.int32),
+        layout="flat",
+    )
+
+
+def _pad_axis(a: Array, axis: int, size: int) -> Array:
+    widths = [(0, 0)] * a.ndim
+    widths[axis] = (0, size - a.shape[axis])
+    return jnp.pad(a, widths)
+
+
+def stack_client_data(parts: Sequence[ClientData]) -> ClientData:
+    """Client data of several simulations (one per seed) stacked on a new leading axis.
+
+    Every part must hold the same number of clients with the same feature shape; example
+    storage is zero-padded to the largest part (``n_max`` is the largest client of any part).
+    Padding is never read as data: ``gather`` masks positions past a client's count and
+    ``rows`` marks padded rows invalid, and minibatch positions depend on a client's own count
+    only, so each member computes exactly what it computes alone.
+    """
+    if not parts:
+        raise ConfigError("stack_client_data needs at least one part")
+    first = parts[0]
+    for p in parts:
+        if p.num_clients != first.num_clients or p.feature_shape != first.feature_shape:
+            raise ConfigError(
+                "cannot stack client data of different shapes: "
+                f"{first.num_clients} clients x {first.feature_shape} and "
+                f"{p.num_clients} x {p.feature_shape}"
+            )
+        if p.x_scale != first.x_scale or p.x.dtype != first.x.dtype:
+            raise ConfigError("cannot stack client data stored with different dtypes or scales")
+    if len({p.layout for p in parts}) > 1:
+        parts = [to_flat(p) for p in parts]
+    layout = parts[0].layout
+    axis = 1 if layout == "padded" else 0
+    size = max(p.x.shape[axis] for p in parts)
+    x = jnp.stack([_pad_axis(p.x, axis, size) for p in parts])
+    y = jnp.stack([_pad_axis(p.y, axis, size) for p in parts])
+    return ClientData(
+        x=x,
+        y=y,
+        counts=jnp.stack([p.counts for p in parts]),
+        offsets=jnp.stack([p.offsets for p in parts]),
+        layout=layout,
+        n_max=max(p.n_max for p in parts),
+        x_scale=first.x_scale,
+    )

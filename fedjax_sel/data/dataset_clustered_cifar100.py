@@ -63,7 +63,6 @@ def latent_cluster_proportions(
     default_clients=50,
     default_partition="natural",
     default_model="cnn",
-    options=("num_clusters", "examples_per_client", "label_alpha", "leakage"),
 )
 def _clustered_cifar100(
     *,
@@ -73,10 +72,10 @@ def _clustered_cifar100(
     data_path,
     test_fraction,
     layout,
-    num_clusters=5,
-    examples_per_client=250,
-    label_alpha=0.5,
-    leakage=0.05,
+    num_clusters: int = 5,
+    examples_per_client: int = 250,
+    label_alpha: float = 0.5,
+    leakage: float = 0.05,
 ) -> FederatedDataset:
     if partition != "natural":
         raise ConfigError("clustered_cifar100 builds its own clusters; its partition is 'natural'")

@@ -114,7 +114,6 @@ def dirichlet_proportions(
     default_clients=40,
     default_partition="natural",
     default_model="mlp",
-    options=("num_clusters", "transform", "examples_per_client", "label_alpha"),
 )
 def _clustered_mnist(
     *,
@@ -124,10 +123,10 @@ def _clustered_mnist(
     data_path,
     test_fraction,
     layout,
-    num_clusters=4,
-    transform="rotate",
-    examples_per_client=200,
-    label_alpha=1.0,
+    num_clusters: int = 4,
+    transform: str = "rotate",
+    examples_per_client: int = 200,
+    label_alpha: float = 1.0,
 ) -> FederatedDataset:
     if partition != "natural":
         raise ConfigError("clustered_mnist builds its own clusters; its partition is 'natural'")

@@ -104,13 +104,38 @@ _BASE = DATASETS["shakespeare"]
 @register_dataset(
     "shakespeare_filfl",
     description="shakespeare with FilFL's filtering set: windows of the FilFL paper's introduction",
-    default_clients=_BASE.default_clients,
-    default_partition=_BASE.default_partition,
-    default_model=_BASE.default_model,
-    options=_BASE.options + ("filter_samples", "filter_stride"),
+    default_clients=_BASE.info["default_clients"],
+    default_partition=_BASE.info["default_partition"],
+    default_model=_BASE.info["default_model"],
 )
-def _shakespeare_filfl(*, filter_samples=34, filter_stride=None, **kwargs):
-    ds = _BASE.builder(**kwargs)
+def _shakespeare_filfl(
+    *,
+    num_clients,
+    partition,
+    seed,
+    data_path,
+    test_fraction,
+    layout,
+    seq_len: int = shakespeare.SEQ_LEN,
+    stride: int = 1,
+    max_examples: int | None = None,
+    min_examples: int = 64,
+    filter_samples: int = 34,
+    filter_stride: int | None = None,
+):
+    ds = DATASETS.build(
+        "shakespeare",
+        num_clients=num_clients,
+        partition=partition,
+        seed=seed,
+        data_path=data_path,
+        test_fraction=test_fraction,
+        layout=layout,
+        seq_len=seq_len,
+        stride=stride,
+        max_examples=max_examples,
+        min_examples=min_examples,
+    )
     ds = dataclasses.replace(ds, name="shakespeare_filfl")
     stride = None if filter_stride is None else int(filter_stride)
     return with_text_server_set(ds, FILFL_INTRODUCTION, int(filter_samples), stride)

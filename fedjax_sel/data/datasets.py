@@ -19,6 +19,7 @@ from fedjax_sel.base import Array, ConfigError
 from fedjax_sel.data import loaders, shakespeare, synthetic
 from fedjax_sel.data import partition as partitioners
 from fedjax_sel.data.client_data import ClientData, from_parts
+from fedjax_sel.registry import Registry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,25 +63,33 @@ class FederatedDataset:
         return self.train.counts
 
 
-@dataclasses.dataclass(frozen=True)
-class DatasetEntry:
-    builder: Callable[..., FederatedDataset]
-    description: str
-    default_clients: int
-    default_partition: str
-    default_model: str
-    options: tuple[str, ...]
+DATA_SET_FIXED = ("num_clients", "partition", "seed", "data_path", "test_fraction", "layout")
+
+DATASETS = Registry("data set", fixed=DATA_SET_FIXED, package="fedjax_sel.data", prefix="dataset_")
 
 
-DATASETS: dict[str, DatasetEntry] = {}
-
-
-def register_dataset(name: str, **kwargs) -> Callable:
-    def wrap(fn):
-        DATASETS[name] = DatasetEntry(builder=fn, **kwargs)
-        return fn
-
-    return wrap
+def register_dataset(
+    name: str,
+    *,
+    description: str,
+    default_clients: int,
+    default_partition: str,
+    default_model: str,
+    reference: str = "",
+    replace: bool = False,
+) -> Callable:
+    """Decorator registering a builder ``fn(*, num_clients, partition, seed, data_path,
+    test_fraction, layout, **options) -> FederatedDataset``; its keyword parameters with
+    defaults are the data set's options (``--dataset-arg key=value``)."""
+    return DATASETS.register(
+        name,
+        description=description,
+        reference=reference,
+        replace=replace,
+        default_clients=default_clients,
+        default_partition=default_partition,
+        default_model=default_model,
+    )
 
 
 def load_dataset(
@@ -110,23 +119,16 @@ def load_dataset(
         server-held set before partitioning (``server_x``/``server_y``); no client sees it.
       **options: data-set specific options (see :data:`DATASETS` ``options``).
     """
-    entry = DATASETS.get(name)
-    if entry is None:
-        raise ConfigError(f"unknown data set {name!r}; known: {', '.join(sorted(DATASETS))}")
-    unknown = set(options) - set(entry.options)
-    if unknown:
-        raise ConfigError(
-            f"data set {name!r} has no option(s) {sorted(unknown)}; it takes "
-            f"{list(entry.options) or 'none'}"
-        )
-    k = entry.default_clients if num_clients is None else int(num_clients)
-    if k < 1:
-        raise ConfigError(f"number of clients must be >= 1, got {num_clients}")
+    entry = DATASETS[name]
+    k = entry.info["default_clients"] if num_clients is None else num_clients
+    if isinstance(k, bool) or int(k) != k or k < 1:
+        raise ConfigError(f"number of clients must be a positive integer, got {num_clients!r}")
     if not 0.0 <= server_fraction < 1.0:
         raise ConfigError(f"server_fraction must lie in [0, 1), got {server_fraction!r}")
-    ds = entry.builder(
-        num_clients=k,
-        partition=partition or entry.default_partition,
+    ds = DATASETS.build(
+        name,
+        num_clients=int(k),
+        partition=partition or entry.info["default_partition"],
         seed=seed,
         data_path=data_path,
         test_fraction=test_fraction,
@@ -252,7 +254,6 @@ def _no_data_path(name: str, data_path) -> None:
     default_clients=20,
     default_partition="dirichlet:0.5",
     default_model="mlp",
-    options=(),
 )
 def _digits(*, num_clients, partition, seed, data_path, test_fraction, layout):
     _no_data_path("digits", data_path)
@@ -283,7 +284,6 @@ def _digits(*, num_clients, partition, seed, data_path, test_fraction, layout):
     default_clients=30,
     default_partition="natural",
     default_model="logreg",
-    options=("alpha", "beta", "iid", "dim", "num_classes", "max_examples"),
 )
 def _leaf_synthetic(
     *,
@@ -293,12 +293,12 @@ def _leaf_synthetic(
     data_path,
     test_fraction,
     layout,
-    alpha=1.0,
-    beta=1.0,
-    iid=False,
-    dim=60,
-    num_classes=10,
-    max_examples=None,
+    alpha: float = 1.0,
+    beta: float = 1.0,
+    iid: bool = False,
+    dim: int = 60,
+    num_classes: int = 10,
+    max_examples: int | None = None,
 ):
     _no_data_path("leaf_synthetic", data_path)
     if partition != "natural":
@@ -336,7 +336,6 @@ def _leaf_synthetic(
     default_clients=100,
     default_partition="natural",
     default_model="linreg",
-    options=("num_clusters", "dim", "intercept", "examples_per_client"),
 )
 def _regression(
     *,
@@ -346,10 +345,10 @@ def _regression(
     data_path,
     test_fraction,
     layout,
-    num_clusters=2,
-    dim=1,
-    intercept=False,
-    examples_per_client=100,
+    num_clusters: int = 2,
+    dim: int = 1,
+    intercept: bool = False,
+    examples_per_client: int = 100,
 ):
     _no_data_path("regression", data_path)
     if partition != "natural":
@@ -419,7 +418,6 @@ for _name, _model, _desc in [
         default_clients=100,
         default_partition="dirichlet:0.1",
         default_model=_model,
-        options=(),
     )(_image_builder(_name, _model))
 
 
@@ -429,7 +427,6 @@ for _name, _model, _desc in [
     default_clients=100,
     default_partition="natural",
     default_model="lstm",
-    options=("seq_len", "stride", "max_examples", "min_examples"),
 )
 def _shakespeare(
     *,
@@ -439,10 +436,10 @@ def _shakespeare(
     data_path,
     test_fraction,
     layout,
-    seq_len=shakespeare.SEQ_LEN,
-    stride=1,
-    max_examples=None,
-    min_examples=64,
+    seq_len: int = shakespeare.SEQ_LEN,
+    stride: int = 1,
+    max_examples: int | None = None,
+    min_examples: int = 64,
 ):
     if partition != "natural":
         raise ConfigError("shakespeare clients are its speaking roles; its partition is 'natural'")
@@ -490,15 +487,3 @@ def _shakespeare(
 def partition_by_client(client: np.ndarray, num_clients: int) -> list[np.ndarray]:
     """Index arrays of a generator's rows grouped by their client id."""
     return partitioners.natural(client, num_clients)
-
-
-def _import_dataset_modules() -> None:
-    """Data sets defined in ``fedjax_sel/data/dataset_*.py`` register themselves on import."""
-    import importlib
-    import pkgutil
-
-    import fedjax_sel.data as pkg
-
-    for m in pkgutil.iter_modules(pkg.__path__):
-        if m.name.startswith("dataset_"):
-            importlib.import_module(f"fedjax_sel.data.{m.name}")

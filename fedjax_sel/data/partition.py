@@ -11,8 +11,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from fedjax_sel.base import ConfigError
-
-PARTITIONS = ("iid", "dirichlet", "shards", "natural")
+from fedjax_sel.registry import Registry, parse_spec
 
 
 def iid(num_examples: int, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
@@ -167,42 +166,67 @@ def split_train_test(
     return train, test
 
 
+PARTITIONS = Registry("partition", fixed=("labels", "num_clients", "rng", "natural_groups"))
+
+
+@PARTITIONS.register("iid", description="shuffle the pool and deal it into K near-equal parts")
+def _iid_partition(*, labels, num_clients, rng, natural_groups=None):
+    del natural_groups
+    return iid(len(labels), num_clients, rng)
+
+
+@PARTITIONS.register(
+    "dirichlet",
+    description="label skew: class proportions ~ Dir(alpha) (dirichlet:0.1); groups=G: skew "
+    "across G contiguous blocks of clients only, iid within a block",
+    reference="Hsu et al. 2019; NIID-Bench noniid-labeldir",
+    positional=("alpha",),
+    required=("alpha",),
+)
+def _dirichlet_partition(
+    *,
+    labels,
+    num_clients,
+    rng,
+    natural_groups=None,
+    alpha: float = 0.0,
+    min_size: int = 10,
+    balance: bool = True,
+    groups: int | None = None,
+):
+    del natural_groups
+    if groups is not None:
+        return dirichlet_groups(
+            labels, num_clients, groups, alpha, rng, min_size=min_size, balance=balance
+        )
+    return dirichlet(labels, num_clients, alpha, rng, min_size=min_size, balance=balance)
+
+
+@PARTITIONS.register(
+    "shards",
+    description="sort by label, give each client shards_per_client equal shards (shards:2)",
+    reference="McMahan et al. 2017",
+    positional=("shards_per_client",),
+)
+def _shards_partition(*, labels, num_clients, rng, natural_groups=None, shards_per_client: int = 2):
+    del natural_groups
+    return shards(labels, num_clients, shards_per_client, rng)
+
+
+@PARTITIONS.register("natural", description="one client per natural group (writer, role)")
+def _natural_partition(*, labels, num_clients, rng, natural_groups=None):
+    del labels, rng
+    if natural_groups is None:
+        raise ConfigError("this data set has no natural clients; use iid, dirichlet or shards")
+    return natural(natural_groups, num_clients)
+
+
 def parse_partition(spec: str) -> tuple[str, dict]:
     """Parses ``iid``, ``natural``, ``dirichlet:0.1``, ``dirichlet:alpha=0.1,min_size=5``,
     ``dirichlet:alpha=0.5,groups=10`` (skew across groups of clients only), ``shards:2`` into
-    ``(name, kwargs)``."""
-    name, _, rest = spec.partition(":")
-    name = name.strip().lower()
-    if name not in PARTITIONS:
-        raise ConfigError(f"unknown partition {spec!r}; choose one of {', '.join(PARTITIONS)}")
-    kwargs: dict = {}
-    positional = {"dirichlet": "alpha", "shards": "shards_per_client"}
-    for item in filter(None, (s.strip() for s in rest.split(","))):
-        key, eq, value = item.partition("=")
-        if not eq:
-            if name not in positional or positional[name] in kwargs:
-                raise ConfigError(f"cannot read {item!r} in partition spec {spec!r}")
-            key, value = positional[name], item
-        kwargs[key.strip()] = _number(value.strip(), spec)
-    if name == "dirichlet":
-        unknown = set(kwargs) - {"alpha", "min_size", "balance", "groups"}
-        if "alpha" not in kwargs:
-            raise ConfigError(f"partition {spec!r} needs alpha, e.g. dirichlet:0.1")
-    elif name == "shards":
-        unknown = set(kwargs) - {"shards_per_client"}
-        kwargs.setdefault("shards_per_client", 2)
-    else:
-        unknown = set(kwargs)
-    if unknown:
-        raise ConfigError(f"partition {spec!r}: unknown parameter(s) {sorted(unknown)}")
-    for key in ("min_size", "shards_per_client", "groups"):
-        if key in kwargs:
-            if kwargs[key] != int(kwargs[key]):
-                raise ConfigError(f"partition {spec!r}: {key} must be an integer")
-            kwargs[key] = int(kwargs[key])
-    if "balance" in kwargs:
-        kwargs["balance"] = bool(kwargs["balance"])
-    return name, kwargs
+    ``(name, typed options)``."""
+    name, positional, pairs = parse_spec(spec, what="partition")
+    return name, PARTITIONS.resolve(name, pairs, positional)
 
 
 def partition(
@@ -213,27 +237,11 @@ def partition(
     rng: np.random.Generator,
     groups: np.ndarray | None = None,
 ) -> list[np.ndarray]:
-    """Dispatches to the partitioner ``name`` (see :func:`parse_partition`)."""
-    if name == "iid":
-        return iid(len(labels), num_clients, rng)
-    if name == "dirichlet" and "groups" in kwargs:
-        return dirichlet_groups(labels, num_clients, rng=rng, **kwargs)
-    if name == "dirichlet":
-        return dirichlet(labels, num_clients, rng=rng, **kwargs)
-    if name == "shards":
-        return shards(labels, num_clients, kwargs["shards_per_client"], rng)
-    if name == "natural":
-        if groups is None:
-            raise ConfigError("this data set has no natural clients; use iid, dirichlet or shards")
-        return natural(groups, num_clients)
-    raise ConfigError(f"unknown partition {name!r}")
-
-
-def _number(value: str, spec: str) -> float:
-    try:
-        return float(value)
-    except ValueError:
-        raise ConfigError(f"partition {spec!r}: {value!r} is not a number") from None
+    """Runs the partitioner ``name`` with ``kwargs`` (see :func:`parse_partition`);
+    ``groups`` are the examples' natural group ids (writers, roles) when the data has them."""
+    return PARTITIONS.build(
+        name, labels=labels, num_clients=num_clients, rng=rng, natural_groups=groups, **kwargs
+    )
 
 
 def _check_clients(num_clients: int, num_examples: int, what: str = "clients") -> None:

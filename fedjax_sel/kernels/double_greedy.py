@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_sel.base import Array, ConfigError, Params, PRNGKey
+from fedjax_sel.tree import weighted_sum
 
 VARIANTS = ("dgf", "rgf")
 TIES = ("remove", "add")
@@ -219,7 +220,7 @@ def filter_clients(
     """
     _check_stacked(params, valid)
     weights = valid.astype(jnp.float32)
-    total = jax.tree.map(lambda p: jnp.tensordot(weights, p.astype(jnp.float32), axes=1), params)
+    total = weighted_sum(weights, params)
     count = jnp.sum(weights)
     value_empty = jnp.asarray(value_empty, jnp.float32)
     full = jax.tree.map(lambda s: s / jnp.maximum(count, 1.0), total)

@@ -10,11 +10,10 @@ non-IID clients; like most FL code we use GroupNorm instead (2 groups, Hsieh et 
 from __future__ import annotations
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 
-from fedjax_sel.base import ConfigError, Params, PRNGKey
-from fedjax_sel.models import Model, argmax_correct, cross_entropy
+from fedjax_sel.base import ConfigError
+from fedjax_sel.models.base import Model, check_image_input, from_linen, register_model
 
 
 class BasicBlock(nn.Module):
@@ -54,30 +53,22 @@ class ResNet18(nn.Module):
         return nn.Dense(self.num_classes)(jnp.mean(x, axis=(1, 2)))
 
 
+@register_model(
+    "resnet18",
+    description="ResNet-18 with GroupNorm (CIFAR stem; options width=64, groups=2)",
+    reference="He et al. 2016; GroupNorm in FL: Hsieh et al. 2020",
+)
 def make_resnet18(
     *, input_shape: tuple[int, ...], num_classes: int, width: int = 64, groups: int = 2
 ) -> Model:
     """A :class:`~fedjax_sel.models.Model` around :class:`ResNet18` (cross-entropy loss)."""
-    if len(input_shape) != 3:
-        raise ConfigError(f"resnet18 needs image inputs [H, W, C], got input shape {input_shape}")
-    if width < 1 or width % groups:
+    check_image_input("resnet18", input_shape)
+    if width < 1 or groups < 1 or width % groups:
         raise ConfigError(f"resnet18 width={width} must be a positive multiple of groups={groups}")
-    module = ResNet18(num_classes=num_classes, width=width, groups=groups)
-    dummy = jnp.zeros((1,) + tuple(input_shape), jnp.float32)
-
-    @jax.jit  # eager initialisation of the ~60 layers takes tens of seconds on CPU
-    def init(key: PRNGKey) -> Params:
-        return module.init(key, dummy)["params"]
-
-    def apply(params: Params, x: jax.Array) -> jax.Array:
-        return module.apply({"params": params}, x)
-
-    return Model(
+    # jit the initialisation: eagerly, the ~60 layers take tens of seconds on CPU
+    return from_linen(
+        ResNet18(num_classes=num_classes, width=width, groups=groups),
         name="resnet18",
-        init=init,
-        apply=apply,
-        loss=cross_entropy,
-        correct=argmax_correct,
-        regularizer=None,
-        task="classification",
+        input_shape=input_shape,
+        jit_init=True,
     )

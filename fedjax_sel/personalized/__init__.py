@@ -6,7 +6,6 @@ weighting) and its baselines, every client a target at once (``docs/sp_cacw.md``
 ...                  config=PersonalizedConfig(lr=0.1), track_bound=True)
 """
 
-from fedjax_sel.personalized.baselines import IFCA, run_fedavg, run_ifca
 from fedjax_sel.personalized.experiment import (
     ALL_METHODS,
     MethodResult,
@@ -26,7 +25,6 @@ from fedjax_sel.personalized.simulator import (
 
 __all__ = [
     "ALL_METHODS",
-    "IFCA",
     "METHODS",
     "EpochLog",
     "MethodResult",
@@ -36,8 +34,6 @@ __all__ = [
     "TargetState",
     "epoch_steps",
     "own_cluster_mass",
-    "run_fedavg",
-    "run_ifca",
     "run_method",
     "summary_row",
 ]

@@ -15,23 +15,18 @@ epoch of the median client by default).
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from collections.abc import Sequence
 
 import numpy as np
 
 from fedjax_sel.base import ConfigError
+from fedjax_sel.config import RunConfig
 from fedjax_sel.data.datasets import FederatedDataset
+from fedjax_sel.metrics import nanmean
 from fedjax_sel.models import Model
-from fedjax_sel.personalized import baselines
-from fedjax_sel.personalized.simulator import (
-    METHODS,
-    EpochLog,
-    PersonalizedConfig,
-    PersonalizedSimulation,
-    check_targets,
-)
+from fedjax_sel.personalized import methods
+from fedjax_sel.personalized.simulator import METHODS, EpochLog, PersonalizedConfig
 
 ALL_METHODS = METHODS + ("fedavg", "ifca")
 
@@ -77,25 +72,9 @@ class MethodResult:
         return nanmean(self.metrics[name][keep], axis=0)
 
 
-def nanmean(x: np.ndarray, axis=None) -> np.ndarray:
-    """Mean over the non-NaN entries; NaN (without a warning) where all are NaN, e.g. the
-    accuracy of a regression task."""
-    x = np.asarray(x, np.float64)
-    count = np.sum(~np.isnan(x), axis=axis)
-    total = np.nansum(x, axis=axis)
-    return np.where(count > 0, total / np.maximum(count, 1), np.nan)
-
-
 def epoch_steps(dataset: FederatedDataset, batch_size: int, update_every: int | None) -> int:
     """Steps per lazy-update period: ``update_every``, or one epoch of the median client."""
-    if update_every is not None:
-        return int(update_every)
-    median = float(np.median(np.asarray(dataset.train.counts)))
-    return max(1, math.ceil(median / batch_size))
-
-
-def _stack(evals: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    return {k: np.stack([np.asarray(e[k], np.float64) for e in evals]) for k in evals[0]}
+    return methods.epoch_steps(dataset, batch_size, update_every)
 
 
 def run_method(
@@ -113,7 +92,8 @@ def run_method(
     track_bound: bool = False,
     label: str | None = None,
 ) -> MethodResult:
-    """Runs ``method`` for ``epochs`` lazy-update periods, evaluating every ``eval_every``.
+    """Runs ``method`` for ``epochs`` lazy-update periods, evaluating every ``eval_every``
+    (through the experiment layer's run loop; nothing is written).
 
     Args:
       method: one of :data:`ALL_METHODS`.
@@ -130,61 +110,93 @@ def run_method(
         :meth:`PersonalizedSimulation.evaluate`).
       label: display name (default ``method``).
     """
+    from fedjax_sel.experiment.personalized import PersonalizedEngine
+    from fedjax_sel.experiment.run import _Member, drive
+
     if method not in ALL_METHODS:
         raise ConfigError(f"unknown personalized method {method!r}; known: {ALL_METHODS}")
     if not (isinstance(epochs, int) and epochs >= 1):
         raise ConfigError(f"epochs must be a positive integer, got {epochs!r}")
     if not (isinstance(eval_every, int) and eval_every >= 1):
         raise ConfigError(f"eval_every must be a positive integer, got {eval_every!r}")
-    cfg = dataclasses.replace(config or PersonalizedConfig(), method=method)
-    if method in ("fedavg", "ifca"):
-        cfg = dataclasses.replace(cfg, method="uniform")
+    cfg = dataclasses.replace(config or PersonalizedConfig(), method="uniform")
     cfg.validate()
     if clusters is None:
         clusters = dataset.info.get("cluster")
-    t0 = time.perf_counter()
-    u = epoch_steps(dataset, cfg.batch_size, cfg.update_every)
-    common = dict(
-        lr=cfg.lr, batch_size=cfg.batch_size, local_steps=u, rounds=epochs,
-        eval_every=eval_every, seed=seed, targets=targets,
-    )  # fmt: skip
-    weights, logs = None, None
-    if method == "fedavg":
-        steps, evals = baselines.run_fedavg(dataset, model, **common)
-        ids = check_targets(dataset, targets)
+    options: dict = {"targets": None if targets is None else tuple(int(t) for t in targets)}
+    if method in METHODS:
+        names = set(methods.PERSONALIZED_METHODS[method].options) - {"targets", "track_bound"}
+        options.update({k: getattr(cfg, k) for k in names}, track_bound=track_bound)
     elif method == "ifca":
-        if num_clusters is None:
-            num_clusters = int(dataset.info.get("num_clusters", 2))
-        steps, evals = baselines.run_ifca(dataset, model, num_clusters=num_clusters, **common)
-        ids = check_targets(dataset, targets)
-    else:
-        sim = PersonalizedSimulation(dataset, model, cfg, targets=targets, clusters=clusters)
-        state = sim.init(seed)
-        steps = [0]
-        evals = [sim.evaluate(state, track_bound)]
-        weight_list = [sim.weights(state)]
-        log_list = []
-        done = 0
-        while done < epochs:
-            n = min(eval_every, epochs - done)
-            state, log = sim.run_epochs(state, n)
-            log_list.append(log)
-            done += n
-            steps.append(done * sim.update_every)
-            evals.append(sim.evaluate(state, track_bound))
-            weight_list.append(sim.weights(state))
-        weights = np.stack(weight_list)
-        logs = EpochLog(*(np.concatenate(parts) for parts in zip(*log_list, strict=True)))
-        ids = np.asarray(sim.target_ids)
+        options["num_clusters"] = num_clusters
+    t0 = time.perf_counter()
+    program = methods.build_program(
+        method,
+        dataset,
+        model,
+        lr=cfg.lr,
+        batch_size=cfg.batch_size,
+        update_every=cfg.update_every,
+        clusters=clusters,
+        **options,
+    )
+    run = RunConfig(
+        mode="personalized",
+        strategy=method,
+        rounds=epochs,
+        eval_every=eval_every,
+        seed=seed,
+        lr=cfg.lr,
+        batch_size=cfg.batch_size,
+        local_steps=program.update_every,
+        checkpoint_every=0,
+    )
+    engine = PersonalizedEngine(program, program.init(seed), run, dataset)
+    member = _Member(run, None)
+    member.records.append({"round": 0, **engine.evaluate()[0]})
+    (result,) = drive(engine, [member], echo=lambda *_: None)
+    return result_from_records(
+        method,
+        label or method,
+        result.evals,
+        program.target_ids,
+        program.update_every,
+        engine.logs,
+        time.perf_counter() - t0,
+        clusters,
+    )
+
+
+def result_from_records(
+    method: str,
+    label: str,
+    records: list[dict],
+    target_ids: np.ndarray,
+    update_every: int,
+    logs: list[EpochLog],
+    seconds: float,
+    clusters: Sequence[int] | None = None,
+) -> MethodResult:
+    """A :class:`MethodResult` from a personalized run's evaluation records."""
+    names = records[0]["per_target"]
+    metrics = {
+        k: np.stack([np.asarray(r["per_target"][k], np.float64) for r in records]) for k in names
+    }
+    weights = None
+    if "weights" in records[0]:
+        weights = np.stack([np.asarray(r["weights"], np.float32) for r in records])
+    epoch_logs = None
+    if logs:
+        epoch_logs = EpochLog(*(np.concatenate(parts) for parts in zip(*logs, strict=True)))
     return MethodResult(
         method=method,
-        label=label or method,
-        steps=np.asarray(steps),
-        metrics=_stack(evals),
-        target_ids=np.asarray(ids),
+        label=label,
+        steps=np.asarray([r["round"] * update_every for r in records]),
+        metrics=metrics,
+        target_ids=np.asarray(target_ids),
         weights=weights,
-        logs=logs,
-        seconds=time.perf_counter() - t0,
+        logs=epoch_logs,
+        seconds=seconds,
         clusters=None if clusters is None else list(np.asarray(clusters).tolist()),
     )
 

@@ -1,40 +1,33 @@
 """Paper reproductions for ``fedjax-sel reproduce NAME``.
 
-Each module in this package registers one :class:`Reproduction` with
-:func:`register_reproduction`; the modules are imported when the registry is first read.
+Each module in this package registers one reproduction with :func:`register_reproduction`; the
+modules are imported when the registry is first read.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import importlib
 import os
-import pkgutil
 from collections.abc import Callable
 from pathlib import Path
 
 from fedjax_sel.base import ConfigError
+from fedjax_sel.registry import Registry
+
+SIZES = ("cpu", "paper")
+PROFILES = ("paper", "code")
+
+REPRODUCTIONS = Registry(
+    "reproduction",
+    fixed=("seeds", "out", "size", "profile", "data_dir"),
+    package="fedjax_sel.reproduce",
+)
 
 
-@dataclasses.dataclass(frozen=True)
-class Reproduction:
-    """``run(seeds=N, out=DIR, full=False, data_dir=None)`` runs the paper's settings, prints
-    our numbers beside the paper's and writes JSON and plots under ``out``."""
-
-    name: str
-    description: str
-    run: Callable[..., dict]
-
-
-REPRODUCTIONS: dict[str, Reproduction] = {}
-
-
-def register_reproduction(name: str, description: str) -> Callable:
-    def wrap(fn: Callable[..., dict]) -> Callable[..., dict]:
-        REPRODUCTIONS[name] = Reproduction(name, description, fn)
-        return fn
-
-    return wrap
+def register_reproduction(name: str, description: str, **info) -> Callable:
+    """Decorator registering ``run(*, seeds, out, size, profile, data_dir, **options) -> dict``:
+    runs the paper's settings, prints our numbers beside the paper's and writes JSON and plots
+    under ``out``."""
+    return REPRODUCTIONS.register(name, description=description, **info)
 
 
 def select_parts(
@@ -60,8 +53,3 @@ def output_dir(out: Path) -> Path:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     return out
-
-
-for _module in pkgutil.iter_modules(__path__):
-    if not _module.name.startswith("_"):
-        importlib.import_module(f"{__name__}.{_module.name}")

@@ -34,8 +34,8 @@ import numpy as np
 from fedjax_sel.availability.markov_population import CLASS_NAMES, population_classes
 from fedjax_sel.config import RunConfig
 from fedjax_sel.data import load_dataset, loaders
+from fedjax_sel.experiment import build_simulation, write_json
 from fedjax_sel.reproduce import output_dir, register_reproduction
-from fedjax_sel.runner import build_simulation, write_json
 
 NUM_CLIENTS = 100
 KAPPAS = (0.01, 0.1, 1.0, 10.0, 100.0)

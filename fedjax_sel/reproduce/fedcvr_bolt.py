@@ -34,8 +34,8 @@ import numpy as np
 from fedjax_sel.base import ConfigError
 from fedjax_sel.config import RunConfig
 from fedjax_sel.data import load_dataset
+from fedjax_sel.experiment import plot_curves, run_experiment, write_json
 from fedjax_sel.reproduce import output_dir, register_reproduction
-from fedjax_sel.runner import plot_curves, run_experiment, write_json
 
 NUM_CLIENTS = 100
 PER_ROUND = 10

@@ -38,9 +38,9 @@ import numpy as np
 
 from fedjax_sel.base import ConfigError
 from fedjax_sel.config import RunConfig
+from fedjax_sel.experiment import load_data_for, plot_curves, run_experiment, write_json
 from fedjax_sel.kernels.double_greedy import set_value_ratio
 from fedjax_sel.reproduce import output_dir, register_reproduction, select_parts
-from fedjax_sel.runner import load_data_for, plot_curves, run_experiment, write_json
 
 PARTS = (
     "shakespeare_poc",

@@ -37,12 +37,12 @@ import numpy as np
 
 from fedjax_sel.base import ConfigError
 from fedjax_sel.data.datasets import load_dataset
+from fedjax_sel.experiment import write_json
 from fedjax_sel.models import make_model
 from fedjax_sel.personalized import plots
 from fedjax_sel.personalized.experiment import MethodResult, run_method, summary_row
 from fedjax_sel.personalized.simulator import PersonalizedConfig
 from fedjax_sel.reproduce import output_dir, register_reproduction, select_parts
-from fedjax_sel.runner import write_json
 
 PARTS = ("mnist_permute", "mnist_rotate", "shakespeare", "cifar100", "ablation")
 CPU_PARTS = ("mnist_permute", "mnist_rotate", "shakespeare", "ablation")

@@ -91,17 +91,34 @@ def per_model(fn, models: Params):
     return jax.lax.map(fn, models)
 
 
+def assigned_client_metrics(
+    models: Params, assign: Array, evaluator: Evaluator, *, train: bool = True
+) -> dict:
+    """Each client's loss / accuracy under the model it is assigned to (``assign`` int32[K]):
+    float32[K] arrays ``test_*`` (NaN for clients without test data) and, with ``train``,
+    ``train_*`` on the clients' training data."""
+    k_ids = jnp.arange(assign.shape[0])
+    out = {}
+    if evaluator.client_test is not None:
+        loss, acc, _ = per_model(evaluator.client_test, models)  # [k, K] each
+        out["test_loss"], out["test_accuracy"] = loss[assign, k_ids], acc[assign, k_ids]
+    if train:
+        loss, acc = per_model(evaluator.client_train, models)
+        out["train_loss"], out["train_accuracy"] = loss[assign, k_ids], acc[assign, k_ids]
+    return out
+
+
 def assigned_metrics(models: Params, assign: Array, evaluator: Evaluator) -> dict:
     """The paper's accuracy of a clustered method: each client's test loss / accuracy under
     the model it is assigned to (``assign`` int32[K]), averaged over the clients that hold
     test data. The keys replace the engine's global-model ``client_test_*_mean``."""
     if evaluator.client_test is None:
         return {}
-    loss, acc, count = per_model(evaluator.client_test, models)  # [k, K] each
-    k_ids = jnp.arange(assign.shape[0])
-    loss_k, acc_k, has = loss[assign, k_ids], acc[assign, k_ids], count[0] > 0
+    per_client = assigned_client_metrics(models, assign, evaluator, train=False)
+    loss_k, acc_k = per_client["test_loss"], per_client["test_accuracy"]
+    has = ~jnp.isnan(loss_k)
     n = jnp.maximum(jnp.sum(has), 1)
-    used = jnp.zeros((loss.shape[0],), bool).at[assign].set(True)
+    used = jnp.zeros((jax.tree.leaves(models)[0].shape[0],), bool).at[assign].set(True)
     return {
         "client_test_loss_mean": jnp.sum(jnp.where(has, loss_k, 0.0)) / n,
         "client_test_accuracy_mean": jnp.sum(jnp.where(has, acc_k, 0.0)) / n,

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sel.base import Array, ConfigError, Params, PRNGKey
-from fedjax_sel.strategies.divfl import flatten_stacked
+from fedjax_sel.tree import flatten_stacked
 
 PARTS = ("all", "last_layer")
 

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 from fedjax_sel.base import Array, ConfigError, RoundInputs, Selection, SimSpec, Strategy
 from fedjax_sel.strategies._common import check_weighting, fedavg_weights
 from fedjax_sel.strategies.registry import register_strategy
+from fedjax_sel.tree import flatten_stacked
 
 COVER = ("available", "known")
 
@@ -46,13 +47,6 @@ class DivFLState(NamedTuple):
     known: Array
     coords: Array
     warmed: Array
-
-
-def flatten_stacked(tree) -> Array:
-    """A pytree stacked over slots -> float32[slots, D] (leaves concatenated)."""
-    leaves = jax.tree.leaves(tree)
-    n = leaves[0].shape[0]
-    return jnp.concatenate([x.reshape(n, -1).astype(jnp.float32) for x in leaves], axis=1)
 
 
 def pairwise_distances(x: Array) -> Array:

@@ -43,6 +43,7 @@ from fedjax_sel.kernels.double_greedy import (
     filter_clients,
 )
 from fedjax_sel.kernels.sampling import uniform_without_replacement
+from fedjax_sel.registry import parse_pairs
 from fedjax_sel.strategies._common import check_weighting, fedavg_weights
 from fedjax_sel.strategies.registry import STRATEGIES, make_strategy, register_strategy
 
@@ -92,13 +93,7 @@ class FilFLState(NamedTuple):
 def parse_inner_args(text: str) -> dict[str, str]:
     """``"d=20;variant=cpow"`` -> ``{"d": "20", "variant": "cpow"}`` (``;`` separates pairs so
     that the CLI's comma-separated ``--strategy-arg`` list can carry them)."""
-    out = {}
-    for pair in filter(None, (s.strip() for s in text.split(";"))):
-        key, eq, value = pair.partition("=")
-        if not eq or not key.strip():
-            raise ConfigError(f"filfl inner_args expects key=value;key=value, got {pair!r}")
-        out[key.strip()] = value.strip()
-    return out
+    return parse_pairs(text, what="filfl inner_args", sep=";")
 
 
 def _log_row(size, considered, values) -> tuple:
@@ -208,7 +203,7 @@ def filfl(
         raise ConfigError(f"filfl if_empty must be one of {IF_EMPTY}, got {if_empty!r}")
     check_weighting(weighting)
     kwargs: dict[str, Any] = parse_inner_args(inner_args)
-    if "weighting" in STRATEGIES[inner].hyperparameters():
+    if "weighting" in STRATEGIES[inner].options:
         kwargs.setdefault("weighting", weighting)
     inner_strategy = make_strategy(inner, per_round, **kwargs)
 

@@ -55,11 +55,18 @@ def segment_sums(
 
 
 def evaluate_central(
-    model: Model, params: Params, x: Array, y: Array, batch_size: int = 1024
+    model: Model,
+    params: Params,
+    x: Array,
+    y: Array,
+    batch_size: int = 1024,
+    valid: Array | None = None,
 ) -> tuple[Array, Array]:
-    """Mean loss and accuracy (NaN for regression) on a centralised test set."""
+    """Mean loss and accuracy (NaN for regression) on a centralised test set (the rows where
+    ``valid``, when given)."""
     seg = jnp.zeros((x.shape[0],), jnp.int32)
-    valid = jnp.ones((x.shape[0],), bool)
+    if valid is None:
+        valid = jnp.ones((x.shape[0],), bool)
     loss, correct, count = segment_sums(model, params, x, y, seg, valid, 1, batch_size)
     acc = correct[0] / count[0] if model.correct is not None else jnp.nan
     return loss[0] / count[0], acc

@@ -27,9 +27,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_sel.base import Array, ConfigError, Params, PRNGKey, TrainResult
+from fedjax_sel.base import Array, ConfigError, PRNGKey, TrainResult
 from fedjax_sel.data.client_data import ClientData
 from fedjax_sel.models import Model, masked_mean
+from fedjax_sel.registry import convert, parse_spec
+from fedjax_sel.tree import masked_rows, sq_norm
 
 PARALLEL_MODES = ("auto", "vmap", "map", "chunked")
 
@@ -117,10 +119,6 @@ def step_positions(key: PRNGKey, count: Array, batch_size: int) -> Array:
     return jnp.where(count <= batch_size, jnp.arange(batch_size), random_pos)
 
 
-def tree_sq_norm(tree: Params) -> Array:
-    return sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree))
-
-
 def make_client_update(model: Model, cfg: LocalConfig, n_max: int) -> Callable:
     """Builds ``update(params, opt_state, data, client, key) -> (params, opt_state, metrics)``.
 
@@ -139,7 +137,7 @@ def make_client_update(model: Model, cfg: LocalConfig, n_max: int) -> Callable:
             obj = obj + model.regularizer(p)
         if cfg.prox_mu > 0:
             diff = jax.tree.map(lambda a, b: a - b, p, global_params)
-            obj = obj + 0.5 * cfg.prox_mu * tree_sq_norm(diff)
+            obj = obj + 0.5 * cfg.prox_mu * sq_norm(diff)
         return obj, (loss, masked_mean(jnp.square(per_example), mask))
 
     grad_fn = jax.grad(objective, has_aux=True)
@@ -191,40 +189,36 @@ def make_client_update(model: Model, cfg: LocalConfig, n_max: int) -> Callable:
 
 def parse_parallel(spec: str) -> tuple[str, int | None]:
     """``auto``, ``vmap``, ``map`` or ``chunked:C`` -> ``(mode, chunk)``."""
-    mode, _, rest = spec.partition(":")
-    mode = mode.strip().lower()
-    if mode not in PARALLEL_MODES:
+    mode, positional, pairs = parse_spec(spec, what="client parallelism")
+    if mode not in PARALLEL_MODES or pairs:
         raise ConfigError(
             f"unknown client parallelism {spec!r}; choose auto, vmap, map or chunked:C"
         )
-    chunk = None
-    if mode == "chunked":
-        try:
-            chunk = int(rest)
-        except ValueError:
-            raise ConfigError(
-                f"client parallelism {spec!r} needs a chunk size, e.g. chunked:8"
-            ) from None
-        if chunk < 1:
-            raise ConfigError(f"chunk size must be >= 1, got {chunk}")
-    elif rest:
-        raise ConfigError(f"client parallelism {mode!r} takes no argument, got {spec!r}")
+    if mode != "chunked":
+        if positional:
+            raise ConfigError(f"client parallelism {mode!r} takes no argument, got {spec!r}")
+        return mode, None
+    if len(positional) != 1:
+        raise ConfigError(f"client parallelism {spec!r} needs a chunk size, e.g. chunked:8")
+    chunk = convert(positional[0], int, what=f"client parallelism {spec!r}", key="chunk")
+    if chunk < 1:
+        raise ConfigError(f"chunk size must be >= 1, got {chunk}")
     return mode, chunk
 
 
-def auto_parallel(model_name: str, backend: str | None = None) -> tuple[str, int | None]:
+def auto_parallel(model: Model, backend: str | None = None) -> tuple[str, int | None]:
     """The client-parallelism rule measured in design section 6 and ``bench throughput``.
 
-    On accelerators every model vmaps (batched GEMMs). On XLA:CPU small models vmap (a loop is
-    dispatch-bound), while the MLP, the CNN (im2col convolutions) and the LSTM run one client
-    after another inside the compiled round (``lax.map``): vmapping them turns each client's
-    matmuls into many small batched dot products, which XLA:CPU runs below the speed of one
-    client's large ones.
+    On accelerators every model vmaps (batched GEMMs). On XLA:CPU a model follows its
+    ``cpu_parallel``: small models vmap (a loop is dispatch-bound), while the MLP, the CNN
+    (im2col convolutions) and the LSTM run one client after another inside the compiled round
+    (``lax.map``): vmapping them turns each client's matmuls into many small batched dot
+    products, which XLA:CPU runs below the speed of one client's large ones.
     """
     backend = backend or jax.default_backend()
-    if backend != "cpu" or model_name in ("logreg", "linreg"):
+    if backend != "cpu":
         return "vmap", None
-    return "map", None
+    return parse_parallel(model.cpu_parallel)
 
 
 def parallel_over_slots(
@@ -304,7 +298,7 @@ def make_trainer(
     """
     mode, chunk = parse_parallel(parallel)
     if mode == "auto":
-        mode, chunk = auto_parallel(model.name)
+        mode, chunk = auto_parallel(model)
     update = make_client_update(model, cfg, n_max)
     tx = client_optimizer(cfg)
 
@@ -340,11 +334,7 @@ def make_trainer(
         run = parallel_over_slots(one, mode, chunk, active, mesh, skip)
         p, s, loss, first, sq, steps = run(*args)
         starts = params if per_slot_params else jax.tree.map(lambda x: x[None], params)
-        p = jax.tree.map(
-            lambda new, old: jnp.where(active.reshape((-1,) + (1,) * (new.ndim - 1)), new, old),
-            p,
-            starts,
-        )
+        p = masked_rows(active, p, starts)
         on = active.astype(jnp.float32)
         result = TrainResult(
             params=p,

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_sel.base import Array, ConfigError, Params
+from fedjax_sel.tree import weighted_sum
 
 SERVER_OPTIMIZERS = ("sgd", "momentum", "adam")
 
@@ -60,8 +61,7 @@ def server_optimizer(
 
 def weighted_delta(deltas: Params, weights: Array, mask: Array) -> Params:
     """``sum_i mask_i * w_i * delta_i`` over the slot axis of stacked ``deltas``."""
-    w = jnp.where(mask, weights, 0.0).astype(jnp.float32)
-    return jax.tree.map(lambda d: jnp.tensordot(w, d, axes=(0, 0)), deltas)
+    return weighted_sum(jnp.where(mask, weights, 0.0), deltas)
 
 
 def server_step(

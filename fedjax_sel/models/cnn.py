@@ -1,38 +1,15 @@
-"""Flax (linen) modules of the model zoo."""
+"""The FedAvg CNN (McMahan et al. 2017), with an im2col convolution that stays fast when
+vmapped over clients and inside compiled loops on XLA:CPU (design section 6)."""
 
 from __future__ import annotations
+
+from typing import Literal
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-
-class Linear(nn.Module):
-    """``x W (+ b)`` on flattened inputs: logistic regression (with softmax cross-entropy) or
-    linear regression (with squared error)."""
-
-    features: int
-    use_bias: bool = True
-
-    @nn.compact
-    def __call__(self, x):
-        x = x.reshape(x.shape[0], -1)
-        out = nn.Dense(self.features, use_bias=self.use_bias)(x)
-        return out[:, 0] if self.features == 1 and not self.use_bias else out
-
-
-class MLP(nn.Module):
-    """ReLU multilayer perceptron on flattened inputs (MNIST: 784-200-200-10)."""
-
-    hidden: tuple[int, ...]
-    features: int
-
-    @nn.compact
-    def __call__(self, x):
-        x = x.reshape(x.shape[0], -1)
-        for h in self.hidden:
-            x = nn.relu(nn.Dense(h)(x))
-        return nn.Dense(self.features)(x)
+from fedjax_sel.models.base import Model, check_image_input, from_linen, register_model
 
 
 def extract_patches(x: jax.Array, kh: int, kw: int) -> jax.Array:
@@ -91,17 +68,17 @@ class CNN(nn.Module):
         return nn.Dense(self.features)(x)
 
 
-class CharLSTM(nn.Module):
-    """LEAF's Shakespeare model: embedding, stacked LSTMs, logits for the next character."""
-
-    vocab_size: int
-    embed_dim: int = 8
-    hidden: int = 256
-    layers: int = 2
-
-    @nn.compact
-    def __call__(self, tokens):
-        x = nn.Embed(self.vocab_size, self.embed_dim)(tokens.astype(jnp.int32))
-        for _ in range(self.layers):
-            x = nn.RNN(nn.OptimizedLSTMCell(self.hidden))(x)
-        return nn.Dense(self.vocab_size)(x[:, -1, :])
+@register_model("cnn", description="CNN: two 5x5 conv (32, 64) + 2x2 max-pool, dense 512")
+def cnn(
+    *,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    conv_impl: Literal["patches", "xla"] = "patches",
+) -> Model:
+    """Args: conv_impl: ``patches`` (im2col + matmul; vmaps into batched GEMMs and stays fast
+    inside compiled loops on XLA:CPU) or ``xla`` (``lax.conv``); both compute the same
+    function."""
+    check_image_input("cnn", input_shape)
+    return from_linen(
+        CNN(features=num_classes, conv_impl=conv_impl), name="cnn", input_shape=input_shape
+    )

@@ -1,0 +1,423 @@
+"""Paired comparisons of strategies over seeds (design section 10).
+
+A seed fixes the partition, the initial model, the availability trajectory and the random
+numbers every strategy draws (common random numbers), so two strategies run with the same
+seed form a *pair*: their difference on that seed is free of most of the seed-to-seed noise.
+:func:`compare` reports, per strategy and metric, the mean over seeds with its 95% confidence
+interval (Student t), and against a baseline the mean paired difference with its 95% CI
+(paired t, and a percentile bootstrap as a check that does not assume normality), the paired
+t-test's p-value and the win rate (share of seeds on which the strategy beats the baseline,
+ties count one half).
+
+``fedjax-sel compare DIR... --baseline NAME --out OUT`` writes ``OUT/comparison.json`` (a list
+of rows with ``strategy``, ``setting``, ``metric``, ``seeds``, ``mean``, ``ci_low``,
+``ci_high``, ``diff``, ``diff_ci_low``, ``diff_ci_high``, ``win_rate`` ...; the diff fields are
+null for the baseline itself), ``comparison.csv``, ``comparison.md`` and ``comparison.png``
+(mean test-accuracy curves with 95% CI bands).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedjax_sel.base import ConfigError
+from fedjax_sel.experiment.outputs import (
+    CONFIG,
+    METRICS,
+    SUMMARY,
+    plot_curves,
+    read_json,
+    read_metrics,
+    write_json,
+)
+
+LEVEL = 0.95
+BOOTSTRAP_SAMPLES = 10_000
+
+# summary metrics compared by default, and whether larger is better
+SUMMARY_METRICS = {
+    "final_accuracy": True,
+    "peak_accuracy": True,
+    "stable_accuracy": True,
+    "final_client_test_accuracy_mean": True,
+    "target_accuracy": True,
+    "final_test_loss": False,
+    "stable_test_loss": False,
+}
+
+
+# ----------------------------------------------------------------------------- statistics
+def t_critical(df: int, level: float = LEVEL) -> float:
+    """The two-sided Student-t critical value with ``df`` degrees of freedom."""
+    from scipy import stats
+
+    return float(stats.t.ppf(0.5 + level / 2, df))
+
+
+def mean_ci(x: Sequence[float], level: float = LEVEL) -> tuple[float, float | None, float | None]:
+    """Mean and Student-t confidence interval (``None`` bounds with fewer than 2 values)."""
+    a = np.asarray(x, np.float64)
+    m = float(np.mean(a))
+    if a.size < 2:
+        return m, None, None
+    half = t_critical(a.size - 1, level) * float(np.std(a, ddof=1)) / math.sqrt(a.size)
+    return m, m - half, m + half
+
+
+def bootstrap_ci(
+    d: Sequence[float], level: float = LEVEL, samples: int = BOOTSTRAP_SAMPLES, seed: int = 0
+) -> tuple[float | None, float | None]:
+    """Percentile bootstrap interval of the mean of ``d`` (fixed generator: reproducible)."""
+    a = np.asarray(d, np.float64)
+    if a.size < 2:
+        return None, None
+    rng = np.random.default_rng(seed)
+    means = a[rng.integers(0, a.size, size=(samples, a.size))].mean(axis=1)
+    lo, hi = np.quantile(means, [0.5 - level / 2, 0.5 + level / 2])
+    return float(lo), float(hi)
+
+
+def paired_stats(
+    x: Sequence[float],
+    base: Sequence[float],
+    *,
+    higher_is_better: bool = True,
+    level: float = LEVEL,
+) -> dict[str, Any]:
+    """Paired difference ``x - base`` over seeds: mean, t interval, bootstrap interval,
+    two-sided paired t-test p-value and win rate."""
+    d = np.asarray(x, np.float64) - np.asarray(base, np.float64)
+    mean, lo, hi = mean_ci(d, level)
+    boot_lo, boot_hi = bootstrap_ci(d, level)
+    p = None
+    if d.size >= 2:
+        sd = float(np.std(d, ddof=1))
+        if sd > 0:
+            from scipy import stats
+
+            t = mean / (sd / math.sqrt(d.size))
+            p = float(2 * stats.t.sf(abs(t), d.size - 1))
+        else:
+            p = 1.0 if mean == 0 else 0.0
+    signed = d if higher_is_better else -d
+    wins = float(np.mean(np.where(signed > 0, 1.0, np.where(signed == 0, 0.5, 0.0))))
+    return {
+        "diff": mean,
+        "diff_ci_low": lo,
+        "diff_ci_high": hi,
+        "diff_boot_ci_low": boot_lo,
+        "diff_boot_ci_high": boot_hi,
+        "p_value": p,
+        "win_rate": wins,
+        "pairs": int(d.size),
+    }
+
+
+# ----------------------------------------------------------------------------- runs
+@dataclasses.dataclass
+class Run:
+    """A finished run folder: its label (strategy), setting (a sweep cell's non-seed grid
+    values, ``""`` outside sweeps), seed, summary and evaluation records."""
+
+    path: Path
+    label: str
+    setting: str
+    seed: int
+    summary: dict[str, Any]
+    records: list[dict[str, Any]]
+
+
+def load_runs(dirs: Iterable[str | Path]) -> list[Run]:
+    """Every finished run (a folder with ``summary.json`` and ``config.json``) under ``dirs``."""
+    runs = []
+    for d in dirs:
+        d = Path(d)
+        if not d.exists():
+            raise ConfigError(f"{str(d)!r} does not exist")
+        for summary_path in sorted([d / SUMMARY] if (d / SUMMARY).exists() else d.rglob(SUMMARY)):
+            folder = summary_path.parent
+            if not (folder / CONFIG).exists():
+                continue
+            info = read_json(folder / CONFIG)
+            config = info.get("config", {})
+            sweep = info.get("sweep", {})
+            label = sweep.get("label") or config.get("label") or config.get("strategy", "?")
+            runs.append(
+                Run(
+                    path=folder,
+                    label=str(label),
+                    setting=str(sweep.get("setting", "")),
+                    seed=int(config.get("seed", 0)),
+                    summary=read_json(summary_path),
+                    records=read_metrics(folder / METRICS),
+                )
+            )
+    if not runs:
+        raise ConfigError(f"no finished runs (summary.json) under {[str(d) for d in dirs]}")
+    return runs
+
+
+def metric_value(run: Run, metric: str) -> float | None:
+    """A metric of a run: a summary key, ``accuracy@R`` (test accuracy at the last evaluation
+    at or before round R) or ``rounds_to:A`` (first evaluated round with test accuracy >= A;
+    ``None`` when never reached)."""
+    if metric.startswith("accuracy@"):
+        r = int(metric.split("@", 1)[1])
+        before = [e for e in run.records if e["round"] <= r and e.get("test_accuracy") is not None]
+        return float(before[-1]["test_accuracy"]) if before else None
+    if metric.startswith("rounds_to:"):
+        target = float(metric.split(":", 1)[1])
+        for e in run.records:
+            if e.get("test_accuracy") is not None and e["test_accuracy"] >= target:
+                return float(e["round"])
+        return None
+    v = run.summary.get(metric)
+    return None if v is None or not isinstance(v, (int, float)) else float(v)
+
+
+def higher_is_better(metric: str) -> bool:
+    if metric.startswith("rounds_to:") or metric.startswith("time_to"):
+        return False
+    return SUMMARY_METRICS.get(metric, "loss" not in metric)
+
+
+# ----------------------------------------------------------------------------- compare
+def compare(
+    dirs: Iterable[str | Path] | None = None,
+    *,
+    runs: list[Run] | None = None,
+    baseline: str | None = None,
+    metrics: Sequence[str] | None = None,
+    at_rounds: Sequence[int] = (),
+    targets: Sequence[float] = (),
+    out: str | Path | None = None,
+    echo=print,
+) -> list[dict[str, Any]]:
+    """Compares the strategies of the runs under ``dirs`` (see the module docstring).
+
+    Args:
+      dirs: run or sweep folders (searched recursively); or give ``runs``.
+      baseline: the label every other strategy is paired against (default: the first label
+        in sorted order); must exist in every setting.
+      metrics: summary metrics (default: those of :data:`SUMMARY_METRICS` the runs have).
+      at_rounds: add ``accuracy@R`` for each R.
+      targets: add ``rounds_to:A`` for each accuracy A.
+      out: folder for comparison.json/csv/md/png (nothing written when ``None``).
+
+    Returns:
+      the rows of ``comparison.json``.
+    """
+    runs = runs if runs is not None else load_runs(dirs or [])
+    if metrics is None:
+        metrics = [m for m in SUMMARY_METRICS if any(metric_value(r, m) is not None for r in runs)]
+    metrics = list(metrics) + [f"accuracy@{r}" for r in at_rounds]
+    metrics += [f"rounds_to:{a:g}" for a in targets]
+    rows: list[dict[str, Any]] = []
+    settings = sorted({r.setting for r in runs})
+    for setting in settings:
+        group = [r for r in runs if r.setting == setting]
+        labels = sorted({r.label for r in group})
+        base = baseline or labels[0]
+        if base not in labels:
+            raise ConfigError(
+                f"baseline {base!r} not found{f' in setting {setting!r}' if setting else ''}; "
+                f"strategies there: {labels}"
+            )
+        by_label: dict[str, dict[int, Run]] = {}
+        for r in group:
+            seeds = by_label.setdefault(r.label, {})
+            if r.seed in seeds:
+                raise ConfigError(
+                    f"two runs of {r.label!r} with seed {r.seed}: {seeds[r.seed].path} and {r.path}"
+                )
+            seeds[r.seed] = r
+        for metric in metrics:
+            better = higher_is_better(metric)
+            base_values = {s: metric_value(r, metric) for s, r in by_label[base].items()}
+            for label in [base] + [x for x in labels if x != base]:
+                values = {s: metric_value(r, metric) for s, r in by_label[label].items()}
+                have = {s: v for s, v in values.items() if v is not None}
+                if not have:
+                    continue
+                mean, lo, hi = mean_ci(list(have.values()))
+                row: dict[str, Any] = {
+                    "strategy": label,
+                    "setting": setting,
+                    "metric": metric,
+                    "seeds": len(have),
+                    "runs": len(values),
+                    "mean": mean,
+                    "ci_low": lo,
+                    "ci_high": hi,
+                    "std": float(np.std(list(have.values()), ddof=1)) if len(have) > 1 else None,
+                    "higher_is_better": better,
+                    "baseline": base,
+                }
+                none = dict.fromkeys(
+                    (
+                        "diff",
+                        "diff_ci_low",
+                        "diff_ci_high",
+                        "diff_boot_ci_low",
+                        "diff_boot_ci_high",
+                        "p_value",
+                        "win_rate",
+                    ),
+                )
+                if label == base:
+                    row.update(none, pairs=0)
+                else:
+                    common = sorted(s for s in have if base_values.get(s) is not None)
+                    if common:
+                        row.update(
+                            paired_stats(
+                                [have[s] for s in common],
+                                [base_values[s] for s in common],
+                                higher_is_better=better,
+                            )
+                        )
+                    else:
+                        row.update(none, pairs=0)
+                rows.append(row)
+    if out is not None:
+        write_comparison(
+            rows,
+            runs,
+            Path(out),
+            baseline_by_setting={
+                s: baseline or sorted({r.label for r in runs if r.setting == s})[0]
+                for s in settings
+            },
+        )
+    if echo is not None:
+        echo(markdown(rows))
+    return rows
+
+
+def _fmt(v: float | None, digits: int = 4) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}f}"
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """The comparison as Markdown tables, one per setting and metric."""
+    out = []
+    keys = list(dict.fromkeys((r["setting"], r["metric"]) for r in rows))
+    for setting, metric in keys:
+        part = [r for r in rows if r["setting"] == setting and r["metric"] == metric]
+        title = f"### {metric}" + (f" ({setting})" if setting else "")
+        arrow = "higher is better" if part[0]["higher_is_better"] else "lower is better"
+        out += [
+            title,
+            "",
+            f"mean over seeds with 95% CI; paired difference against {part[0]['baseline']} "
+            f"with its 95% CI (t; bootstrap in brackets); {arrow}",
+            "",
+            "| strategy | seeds | mean [95% CI] | diff [95% CI] | bootstrap CI | p | win rate |",
+            "|---|---:|---|---|---|---:|---:|",
+        ]
+        for r in part:
+            ci = f"[{_fmt(r['ci_low'])}, {_fmt(r['ci_high'])}]" if r["ci_low"] is not None else ""
+            if r["diff"] is None:
+                diff = boot = p = win = "-"
+            else:
+                diff = f"{r['diff']:+.4f}"
+                if r["diff_ci_low"] is not None:
+                    diff += f" [{r['diff_ci_low']:+.4f}, {r['diff_ci_high']:+.4f}]"
+                boot = (
+                    f"[{r['diff_boot_ci_low']:+.4f}, {r['diff_boot_ci_high']:+.4f}]"
+                    if r["diff_boot_ci_low"] is not None
+                    else "-"
+                )
+                p = _fmt(r["p_value"], 3)
+                win = f"{r['win_rate']:.2f}"
+            out.append(
+                f"| {r['strategy']} | {r['seeds']} | {r['mean']:.4f} {ci} | {diff} | {boot} | "
+                f"{p} | {win} |"
+            )
+        out.append("")
+    return "\n".join(out)
+
+
+def mean_curves(runs: list[Run], metric: str = "test_accuracy"):
+    """Per label: the evaluated rounds, and the mean and 95% CI band of ``metric`` over seeds
+    at each round (rounds every seed evaluated)."""
+    curves, bands = {}, {}
+    for label in sorted({r.label for r in runs}):
+        mine = [r for r in runs if r.label == label]
+        rounds = sorted(set.intersection(*[{e["round"] for e in r.records} for r in mine]))
+        if not rounds:
+            continue
+        values = np.array(
+            [
+                [next(e for e in r.records if e["round"] == t).get(metric) for t in rounds]
+                for r in mine
+            ],
+            dtype=np.float64,
+        )
+        stats = [
+            mean_ci(values[:, j][~np.isnan(values[:, j])])
+            if np.any(~np.isnan(values[:, j]))
+            else (np.nan, None, None)
+            for j in range(len(rounds))
+        ]
+        mean = np.array([s[0] for s in stats])
+        lo = np.array([np.nan if s[1] is None else s[1] for s in stats])
+        hi = np.array([np.nan if s[2] is None else s[2] for s in stats])
+        train = np.array(
+            [
+                [next(e for e in r.records if e["round"] == t).get("train_loss") for t in rounds]
+                for r in mine
+            ],
+            dtype=np.float64,
+        )
+        curves[label] = [
+            {
+                "round": t,
+                metric: float(m),
+                "train_loss": float(np.nanmean(train[:, j]))
+                if np.any(~np.isnan(train[:, j]))
+                else None,
+            }
+            for j, (t, m) in enumerate(zip(rounds, mean, strict=True))
+        ]
+        if len(mine) > 1:
+            bands[label] = (lo, hi)
+    return curves, bands
+
+
+def write_comparison(
+    rows: list[dict[str, Any]], runs: list[Run], out: Path, baseline_by_setting: dict[str, str]
+) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "comparison.json", rows)
+    with (out / "comparison.csv").open("w", newline="") as f:
+        if rows:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    (out / "comparison.md").write_text(markdown(rows) + "\n")
+    for setting in sorted({r.setting for r in runs}):
+        group = [r for r in runs if r.setting == setting]
+        classification = any(e.get("test_accuracy") is not None for r in group for e in r.records)
+        metric = "test_accuracy" if classification else "test_loss"
+        curves, bands = mean_curves(group, metric)
+        name = "comparison.png" if not setting else f"comparison_{_slug(setting)}.png"
+        plot_curves(
+            curves,
+            out / name,
+            task="classification" if classification else "regression",
+            bands=bands,
+            title=f"mean over seeds, 95% CI{f' ({setting})' if setting else ''}; baseline "
+            f"{baseline_by_setting[setting]}",
+        )
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-=." else "_" for c in text).strip("_")

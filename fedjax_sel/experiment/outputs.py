@@ -1,0 +1,185 @@
+"""What a run writes, and how it is read back (design section 8).
+
+A run folder holds ``config.json`` (the configuration, the data set's description and the
+resolved settings), ``metrics.jsonl`` (one JSON object per evaluation, flushed as it goes),
+``summary.json`` (written when the run ends, normally or by divergence), ``curves.png`` and,
+while the run is under way, ``checkpoint.npz`` (see :mod:`.checkpoint`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedjax_sel.base import ConfigError
+
+CONFIG, METRICS, SUMMARY, CURVES, CHECKPOINT = (
+    "config.json",
+    "metrics.jsonl",
+    "summary.json",
+    "curves.png",
+    "checkpoint.npz",
+)
+
+# Keys whose values are wall-clock timings: they differ between two otherwise identical runs.
+TIMING_KEYS = frozenset(
+    {
+        "seconds",
+        "wall_seconds",
+        "train_seconds",
+        "rounds_per_second",
+        "client_updates_per_second",
+        "first_chunk_seconds",
+        "compile_seconds",
+    }
+)
+
+
+def json_default(o: Any) -> Any:
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, np.floating):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, Path):
+        return str(o)
+    return str(o)
+
+
+def clean(x: Any) -> Any:
+    """NaN/inf -> None, so that the files are standard JSON."""
+    if isinstance(x, (float, np.floating)) and not math.isfinite(float(x)):
+        return None
+    if isinstance(x, Mapping):
+        return {k: clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [clean(v) for v in x]
+    return x
+
+
+def dumps(obj: Any, **kw: Any) -> str:
+    return json.dumps(clean(obj), default=json_default, **kw)
+
+
+def write_json(path: str | Path, obj: Any) -> Path:
+    """Writes ``obj`` as standard JSON atomically (a temporary file renamed over ``path``)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(dumps(obj, indent=2) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def read_json(path: str | Path) -> Any:
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{str(path)!r} does not exist") from None
+    except ValueError as e:
+        raise ConfigError(f"{str(path)!r} is not valid JSON: {e}") from None
+
+
+def read_metrics(path: str | Path, limit: int | None = None) -> list[dict[str, Any]]:
+    """The records of a ``metrics.jsonl`` (the first ``limit`` when given). A last line cut
+    short by a crash is ignored."""
+    records = []
+    path = Path(path)
+    if not path.exists():
+        return records
+    for line in path.read_text().splitlines():
+        if limit is not None and len(records) >= limit:
+            break
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            break
+    return records
+
+
+def strip_timings(obj: Any) -> Any:
+    """``obj`` without its wall-clock timing fields (to compare two runs of one configuration)."""
+    if isinstance(obj, Mapping):
+        return {k: strip_timings(v) for k, v in obj.items() if k not in TIMING_KEYS}
+    if isinstance(obj, list):
+        return [strip_timings(v) for v in obj]
+    return obj
+
+
+def plot_curves(
+    curves: Mapping[str, Sequence[Mapping[str, Any]]],
+    path: str | Path,
+    *,
+    task: str = "classification",
+    title: str | None = None,
+    bands: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
+    x: str = "round",
+) -> Path:
+    """Test accuracy (or loss) and training loss against ``x`` (rounds), one line per run;
+    ``bands`` adds a shaded interval (e.g. a 95% CI over seeds) around a run's line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    metric = "test_accuracy" if task == "classification" else "test_loss"
+    for name, evals in curves.items():
+        xs = [e[x] for e in evals]
+        ys = [np.nan if e.get(metric) is None else e[metric] for e in evals]
+        (line,) = axes[0].plot(xs, ys, label=name)
+        if bands and name in bands:
+            lo, hi = bands[name]
+            axes[0].fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2)
+        train = [np.nan if e.get("train_loss") is None else e["train_loss"] for e in evals]
+        axes[1].plot(xs, train, label=name)
+    axes[0].set_xlabel(x.replace("_", " "))
+    axes[0].set_ylabel("test accuracy" if task == "classification" else "test loss (MSE)")
+    axes[1].set_xlabel(x.replace("_", " "))
+    axes[1].set_ylabel("training loss")
+    losses = [e.get("train_loss") for ev in curves.values() for e in ev]
+    finite = [v for v in losses if v is not None and math.isfinite(v)]
+    if finite and min(finite) > 0:
+        axes[1].set_yscale("log")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend()
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def print_summary_table(summaries: list[dict]) -> None:
+    cols = [
+        ("strategy", "label", "{}"),
+        ("seed", "seed", "{}"),
+        ("final acc", "final_accuracy", "{:.4f}"),
+        ("peak acc", "peak_accuracy", "{:.4f}"),
+        ("stable acc", "stable_accuracy", "{:.4f}"),
+        ("drop", "stability_drop", "{:.4f}"),
+        ("target acc", "target_accuracy", "{:.4f}"),
+        ("test loss", "final_test_loss", "{:.4f}"),
+        ("sel std", "selection_count_std", "{:.2f}"),
+        ("jain", "jain_fairness", "{:.3f}"),
+        ("rounds/s", "rounds_per_second", "{:.2f}"),
+        ("updates/s", "client_updates_per_second", "{:.1f}"),
+    ]
+    present = [c for c in cols if any(s.get(c[1]) is not None for s in summaries)]
+    rows = [
+        [(fmt.format(s[key]) if s.get(key) is not None else "-") for _, key, fmt in present]
+        for s in summaries
+    ]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, (h, _, _) in enumerate(present)]
+    print("  ".join(h.ljust(w) for (h, _, _), w in zip(present, widths, strict=True)))
+    for r in rows:
+        print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)))

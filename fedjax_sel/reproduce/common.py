@@ -1,0 +1,293 @@
+"""What every reproduction shares: cells run through the experiment layer, tables with 95%
+confidence intervals beside the paper's numbers, and verdicts on the paper's claims.
+
+A reproduction builds a :class:`Study`: it adds configurations (one per method and setting;
+the study makes one cell per seed), runs them all at once with
+:func:`fedjax_sel.experiment.run_cells` (seeds of one configuration run together in one
+compiled program; a finished cell of the same configuration is never recomputed; an
+interrupted one resumes), then reads metrics per seed for its tables and claims.
+
+Verdicts (design section 10), on the paired difference ``d = method - baseline`` over seeds and
+its 95% CI, against the paper's claimed difference ``D``:
+
+* ``reproduced``: the CI excludes 0 on the side of ``D`` (noted when it also lies wholly below
+  ``D``'s size);
+* ``not_reproduced``: the CI excludes ``D`` and does not lie beyond 0 on ``D``'s side;
+* ``inconclusive``: the CI contains both 0 and ``D``; the row says how many seeds would settle
+  it at the observed mean and spread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedjax_sel.base import ConfigError
+from fedjax_sel.config import RunConfig
+from fedjax_sel.experiment.compare import Run, mean_ci, metric_value, t_critical
+from fedjax_sel.experiment.outputs import write_json
+from fedjax_sel.experiment.run import RunResult
+from fedjax_sel.experiment.sweep import Cell, _slug, run_cells
+from fedjax_sel.reproduce import PROFILES, SIZES
+
+VERDICTS = ("reproduced", "not_reproduced", "inconclusive")
+MAX_SEEDS = 10_000
+
+
+def check_profile_size(name: str, profile: str, size: str, seeds: int, min_seeds: int) -> None:
+    if profile not in PROFILES:
+        raise ConfigError(f"{name}: profile must be one of {PROFILES}, got {profile!r}")
+    if size not in SIZES:
+        raise ConfigError(f"{name}: size must be one of {SIZES}, got {size!r}")
+    if not (isinstance(seeds, int) and seeds >= 1):
+        raise ConfigError(f"{name}: seeds must be a positive integer, got {seeds!r}")
+    del min_seeds  # the verdict rows carry the number of seeds; fewer than 5 is flagged there
+
+
+# ----------------------------------------------------------------------------- verdicts
+def seeds_to_settle(d: Sequence[float], claimed: float, level: float = 0.95) -> int | None:
+    """The number of seeds at which the CI of the mean of ``d`` (at its observed mean and
+    standard deviation) would exclude 0 or ``claimed``; ``None`` beyond :data:`MAX_SEEDS`."""
+    a = np.asarray(d, np.float64)
+    if a.size < 2:
+        return None
+    m, sd = float(a.mean()), float(a.std(ddof=1))
+    gap = max(abs(m), abs(claimed - m))
+    if sd == 0:
+        return int(a.size)
+    if gap == 0:
+        return None
+    n = max(a.size, 2)
+    while n <= MAX_SEEDS:
+        if t_critical(n - 1, level) * sd / math.sqrt(n) < gap:
+            return n
+        n = n + 1 if n < 50 else int(n * 1.1) + 1
+    return None
+
+
+def verdict(lo: float | None, hi: float | None, claimed: float) -> str:
+    """The verdict of a paired-difference CI ``[lo, hi]`` on a claimed difference."""
+    if lo is None or hi is None:
+        return "inconclusive"
+    sign = 1.0 if claimed >= 0 else -1.0
+    lo_s, hi_s = sorted((sign * lo, sign * hi))  # the claim's direction made positive
+    claim_s = abs(claimed)
+    if lo_s > 0:
+        return "reproduced"
+    if not (lo_s <= claim_s <= hi_s):
+        return "not_reproduced"
+    return "inconclusive"
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """A claim of the paper: ``label`` beats ``baseline`` on ``metric`` by ``paper_diff``
+    (the paper's own numbers: ``paper_value`` for ``label``), in ``setting``.
+
+    ``scale``: multiplies our values before comparing and reporting (100 for accuracies
+    quoted in percent)."""
+
+    claim: str
+    setting: str
+    label: str
+    baseline: str
+    metric: str
+    paper_diff: float
+    paper_value: float | None = None
+    higher_is_better: bool = True
+    scale: float = 100.0
+    note: str = ""
+
+
+# ----------------------------------------------------------------------------- the study
+class Study:
+    """The runs of one reproduction at one profile and size (see the module docstring)."""
+
+    def __init__(
+        self,
+        paper: str,
+        *,
+        profile: str,
+        size: str,
+        seeds: int,
+        out: str | Path,
+        echo: Callable = print,
+        progress: bool = True,
+    ):
+        self.paper, self.profile, self.size, self.seeds = paper, profile, size, int(seeds)
+        self.out = Path(out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.echo, self.progress = echo, progress
+        self.cells: dict[tuple[str, str], list[Cell]] = {}
+        self.results: dict[tuple[str, str], list[RunResult]] = {}
+        # a configuration added under several labels (a method in two tables) runs once
+        self._same: dict[tuple[str, str], tuple[str, str]] = {}
+        self._by_key: dict[str, tuple[str, str]] = {}
+
+    def add(self, setting: str, label: str, config: RunConfig, seeds: int | None = None) -> None:
+        """Adds ``config`` (its seed is replaced) as ``label`` in ``setting``, one cell per seed
+        (``seeds``: a method-specific count, default the study's)."""
+        key = (setting, label)
+        if key in self.cells or key in self._same:
+            raise ConfigError(f"{self.paper}: {label!r} added twice in setting {setting!r}")
+        results_key = f"{config.replace(seed=0).results_key()}/{seeds or self.seeds}"
+        if results_key in self._by_key:
+            self._same[key] = self._by_key[results_key]
+            return
+        self._by_key[results_key] = key
+        cells = []
+        for s in range(seeds or self.seeds):
+            c = config.replace(seed=s, label=label).validate()
+            where = self.out / "runs" / _slug(setting) / _slug(label) / f"seed{s}"
+            cells.append(Cell(c, where, label, setting))
+        self.cells[key] = cells
+
+    def run(self) -> None:
+        """Runs every added cell that is not finished yet."""
+        todo = [(k, c) for k, cs in self.cells.items() if k not in self.results for c in cs]
+        if not todo:
+            return
+        results = run_cells([c for _, c in todo], progress=self.progress, echo=self.echo)
+        for (key, _), r in zip(todo, results, strict=True):
+            self.results.setdefault(key, []).append(r)
+
+    # -- reading
+    def runs(self, setting: str, label: str) -> list[Run]:
+        key = self._same.get((setting, label), (setting, label))
+        if key not in self.results:
+            raise ConfigError(f"{self.paper}: no runs of {label!r} in setting {setting!r}")
+        return [
+            Run(r.out_dir, label, setting, r.config.seed, r.summary, r.evals)
+            for r in self.results[key]
+        ]
+
+    def values(self, setting: str, label: str, metric: str) -> dict[int, float]:
+        """seed -> value (seeds without the metric are left out)."""
+        out = {}
+        for r in self.runs(setting, label):
+            v = metric_value(r, metric)
+            if v is not None and math.isfinite(v):
+                out[r.seed] = v
+        return out
+
+    def stat(self, setting: str, label: str, metric: str, scale: float = 1.0) -> dict[str, Any]:
+        """Mean, 95% CI and standard deviation over seeds of ``scale * metric``."""
+        v = np.asarray(list(self.values(setting, label, metric).values()), np.float64) * scale
+        if v.size == 0:
+            return {"mean": None, "ci_low": None, "ci_high": None, "std": None, "seeds": 0}
+        m, lo, hi = mean_ci(v)
+        sd = float(np.std(v, ddof=1)) if v.size > 1 else None
+        return {"mean": m, "ci_low": lo, "ci_high": hi, "std": sd, "seeds": int(v.size)}
+
+    def cell_text(
+        self, setting: str, label: str, metric: str, scale: float = 100.0, digits: int = 2
+    ) -> str:
+        s = self.stat(setting, label, metric, scale)
+        if s["mean"] is None:
+            return "-"
+        if s["ci_low"] is None:
+            return f"{s['mean']:.{digits}f}"
+        return f"{s['mean']:.{digits}f} [{s['ci_low']:.{digits}f}, {s['ci_high']:.{digits}f}]"
+
+    def verdict_row(self, c: Claim) -> dict[str, Any]:
+        """The ``verdicts.json`` row of a claim (paired over the seeds both methods have)."""
+        x = self.values(c.setting, c.label, c.metric)
+        b = self.values(c.setting, c.baseline, c.metric)
+        common = sorted(set(x) & set(b))
+        xs = np.asarray([x[s] for s in common], np.float64) * c.scale
+        bs = np.asarray([b[s] for s in common], np.float64) * c.scale
+        ours = self.stat(c.setting, c.label, c.metric, c.scale)
+        d = xs - bs
+        if d.size:
+            dm, dlo, dhi = mean_ci(d)
+        else:
+            dm = dlo = dhi = None
+        claimed = c.paper_diff
+        v = verdict(dlo, dhi, claimed)
+        row = {
+            "paper": self.paper,
+            "claim": c.claim,
+            "profile": self.profile,
+            "size": self.size,
+            "setting": c.setting,
+            "method": c.label,
+            "baseline": c.baseline,
+            "metric": c.metric,
+            "seeds": int(d.size),
+            "paper_value": c.paper_value,
+            "paper_diff": claimed,
+            "ours_mean": ours["mean"],
+            "ours_ci_low": ours["ci_low"],
+            "ours_ci_high": ours["ci_high"],
+            "diff_mean": dm,
+            "diff_ci_low": dlo,
+            "diff_ci_high": dhi,
+            "verdict": v,
+            "note": c.note,
+        }
+        if v == "reproduced" and dlo is not None:
+            lo_s, hi_s = sorted((math.copysign(1, claimed) * dlo, math.copysign(1, claimed) * dhi))
+            if hi_s < abs(claimed):
+                row["note"] = (row["note"] + "; " if row["note"] else "") + (
+                    "the whole CI lies below the paper's size"
+                )
+        if v == "inconclusive":
+            row["seeds_to_settle"] = seeds_to_settle(d, claimed)
+        if d.size < 5:
+            row["note"] = (row["note"] + "; " if row["note"] else "") + (
+                f"only {d.size} seed(s): below the evidence standard of 5"
+            )
+        return row
+
+    def verdicts(self, claims: Sequence[Claim]) -> list[dict[str, Any]]:
+        rows = [self.verdict_row(c) for c in claims]
+        write_json(self.out / "verdicts.json", rows)
+        return rows
+
+
+def verdict_table(rows: Sequence[dict[str, Any]]) -> str:
+    """Markdown: one line per claim with ours, the paper's, the paired difference and the
+    verdict."""
+
+    def f(v, digits=2):
+        return "-" if v is None else f"{v:.{digits}f}"
+
+    lines = [
+        "| claim | method vs baseline | seeds | ours [95% CI] | paper | diff [95% CI] | paper "
+        "diff | verdict |",
+        "|---|---|---:|---|---:|---|---:|---|",
+    ]
+    for r in rows:
+        ours = f(r["ours_mean"])
+        if r["ours_ci_low"] is not None:
+            ours += f" [{f(r['ours_ci_low'])}, {f(r['ours_ci_high'])}]"
+        diff = "-" if r["diff_mean"] is None else f"{r['diff_mean']:+.2f}"
+        if r["diff_ci_low"] is not None:
+            diff += f" [{r['diff_ci_low']:+.2f}, {r['diff_ci_high']:+.2f}]"
+        v = r["verdict"].replace("_", " ")
+        if r.get("seeds_to_settle"):
+            v += f" (~{r['seeds_to_settle']} seeds would settle it)"
+        elif r["verdict"] == "inconclusive":
+            v += f" (more than {MAX_SEEDS} seeds)"
+        if r.get("note"):
+            v += f"; {r['note']}"
+        lines.append(
+            f"| {r['claim']} | {r['method']} vs {r['baseline']} | {r['seeds']} | {ours} | "
+            f"{f(r['paper_value'])} | {diff} | {r['paper_diff']:+.2f} | {v} |"
+        )
+    return "\n".join(lines)
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def paper_cell(v: float | None, digits: int = 2) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
