@@ -17,6 +17,7 @@ from fedjax_sel.availability.markov_population import (
     MORE_CORRELATED,
     MORE_WEAK,
     ca_fed_population,
+    code_class_counts,
     markov_population,
     population_classes,
 )
@@ -48,6 +49,39 @@ def test_population_classes_are_equal_contiguous_blocks():
     assert len(CLASS_NAMES) == 4
 
 
+def test_code_population_is_50_25_25_with_its_deterministic_split_and_shuffled_ids():
+    """The reference code's joint matrix [[0, 1/2, 0], [1/4, 1/4, 0]]: no "more available,
+    correlated" client; floor(K p) per type, then one more to each non-empty type in order."""
+    for k, want in [
+        (100, [0, 50, 25, 25]),
+        (24, [0, 12, 6, 6]),
+        (7, [0, 4, 2, 1]),
+        (1, [0, 1, 0, 0]),
+    ]:
+        assert code_class_counts(k).tolist() == want
+        assert np.bincount(population_classes(k, "code"), minlength=4).tolist() == want
+    blocks = population_classes(100, "code")
+    assert np.all(np.diff(blocks) >= 0)  # without id_seed: class blocks
+    shuffled = population_classes(100, "code", id_seed=3)
+    np.testing.assert_array_equal(shuffled, blocks[np.random.default_rng(3).permutation(100)])
+    np.testing.assert_array_equal(shuffled, population_classes(100, "code", id_seed=3))
+    assert not np.array_equal(shuffled, population_classes(100, "code", id_seed=4))
+    paper = population_classes(100, "paper", id_seed=3)  # four equal classes, shuffled too
+    assert np.bincount(paper).tolist() == [25] * 4 and np.any(np.diff(paper) < 0)
+    # the model: pi and lambda follow the shuffled classes
+    model = from_spec("markov:mix=code,id_seed=3")
+    state = model.init(jax.random.key(0), 100)
+    pi, lam = np.asarray(state.pi), np.asarray(state.lam)
+    np.testing.assert_allclose(pi, np.where(shuffled == MORE_WEAK, 0.9, 0.1), rtol=1e-6)
+    np.testing.assert_allclose(lam[shuffled == LESS_CORRELATED], 0.9)
+    assert np.abs(lam[shuffled != LESS_CORRELATED]).max() < 0.05
+    assert model.info["mix"] == "code" and model.info["id_seed"] == 3
+    with pytest.raises(ConfigError, match="mix must be one of"):
+        from_spec("markov:mix=uniform")
+    with pytest.raises(ConfigError, match="either the population parameters"):
+        from_spec("markov:mix=code,pi=0.5")
+
+
 def test_population_parameters_follow_section_v_a():
     k = 4000
     pi, lam = ca_fed_population(jax.random.key(3), k, g=0.3, nu=0.8, eps=0.05)
@@ -74,7 +108,14 @@ def test_population_chain_availability_and_autocorrelation_match_pi_and_lambda()
 
 def test_markov_cli_spec_means_the_paper_population():
     model = from_spec("markov")
-    assert model.info == {"population": "ca_fed", "g": 0.4, "nu": 0.9, "eps": 0.01}
+    assert model.info == {
+        "population": "ca_fed",
+        "g": 0.4,
+        "nu": 0.9,
+        "eps": 0.01,
+        "mix": "paper",
+        "id_seed": None,
+    }
     state = model.init(jax.random.key(0), 100)
     np.testing.assert_allclose(np.asarray(state.pi)[:50], 0.9, rtol=1e-6)
     np.testing.assert_allclose(np.asarray(state.pi)[50:], 0.1, rtol=1e-5)
@@ -194,7 +235,12 @@ def test_availability_models_pass_true_parameters_to_strategies():
         availability=availability,
         chunk_size=1,
     )
-    state, _ = sim.run_rounds(sim.init(0), 1)
+    state, logs = sim.run_rounds(sim.init(0), 1)
     truth = availability.true_params(state.availability_state)
-    np.testing.assert_array_equal(np.asarray(state.strategy_state.pi_hat), np.asarray(truth.pi))
-    assert jnp.all(truth.pi > 0)
+    # Unbiased weights the trained clients alpha / pi with the true pi (equal sizes here)
+    mask, clients = logs.mask[0], logs.clients[0]
+    alpha = np.asarray(ds.train.counts) / np.sum(np.asarray(ds.train.counts))
+    np.testing.assert_allclose(
+        logs.weights[0][mask], (alpha / np.asarray(truth.pi))[clients[mask]], rtol=1e-6
+    )
+    assert mask.any() and jnp.all(truth.pi > 0)

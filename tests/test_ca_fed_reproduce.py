@@ -1,104 +1,300 @@
-"""The ``ca-fed`` reproduction: the paper's settings map onto run configurations, a tiny run's
-curves and cumulative weights against its own round logs, Fig. 1d's class grouping, the Fig. 5
-map image, the kernel benchmarks of CA-Fed, and the Fig. 4a benchmark's falling errors."""
+"""The ``ca-fed`` reproduction: both profiles map onto run configurations at both sizes, the
+learning-rate option and grid, the diagnostics read back from run records against NumPy, a
+tiny end-to-end run (tuning, verdicts, the Study's cache and its recomputation of a changed
+configuration), the plots, the kernel benchmarks and the Fig. 4a benchmark."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
+from fedjax_sel.availability.markov_population import CLASS_NAMES, population_classes
+from fedjax_sel.base import ConfigError
 from fedjax_sel.bench import kernels_main
+from fedjax_sel.experiment.compare import Run
 from fedjax_sel.reproduce import REPRODUCTIONS
 from fedjax_sel.reproduce import ca_fed as rep
-from fedjax_sel.runner import build_simulation
+from fedjax_sel.reproduce.common import VERDICTS
 
-TINY = rep.Scale(
-    num_clients=8,
-    rounds=4,
-    rounds_fig2=4,
-    rounds_fig5=2,
-    local_steps=2,
-    eval_every=2,
-    synthetic_max_examples=30,
-    mnist_subsample=60,
-)
+REQUIRED = (
+    "paper claim profile size setting method baseline metric seeds paper_value paper_diff "
+    "ours_mean ours_ci_low ours_ci_high diff_mean diff_ci_low diff_ci_high verdict"
+).split()
 
 
-def test_configs_follow_section_v():
-    assert "ca-fed" in REPRODUCTIONS
-    methods = rep.fig1_methods(100)
-    assert [m.strategy for m in methods] == [
-        "ca_fed",
-        "unbiased",
-        "more_available",
-        "adafed",
-        "f3ast",
-    ]
-    assert methods[0].args == {"kappa2": 1.0, "estimator": "oracle"}
-    assert methods[-1].args["budget"] == 50
-    syn = rep.make_config(methods[0], "synthetic", rep.CPU_SCALE, 3)
-    assert (syn.dataset, syn.dataset_args, syn.partition) == (
+def test_configs_follow_each_profile():
+    paper, code = rep.PROFILES["paper"], rep.PROFILES["code"]
+    cpu, full = rep.SCALES["cpu"], rep.SCALES["paper"]
+    # paper profile: the text (eq. 20's kappa2 = 1, minibatch loss, running-min F^*, four
+    # classes, plain SGD at client and server, T = 200)
+    c = rep.make_config("ca_fed", "synthetic", paper, full, lr=(0.1, 1.0), rounds=200).resolve()
+    assert c.strategy_args == {
+        "estimator": "oracle",
+        "kappa2": 1.0,
+        "loss_source": "batch",
+        "lambda_order": "signed",
+        "keep_all_when_flat": True,
+        "optimum": "running_min",
+    }
+    assert (c.dataset, c.dataset_args, c.test_fraction) == (
         "leaf_synthetic",
         {"alpha": 0.5, "beta": 0.5},
-        "natural",
+        0.1,
     )
-    assert (syn.num_clients, syn.per_round, syn.availability) == (100, 100, "markov")
-    assert (syn.model, syn.model_args) == ("logreg", {"ridge": 0.01})
-    assert (syn.server_momentum, syn.seed, syn.data_seed) == (0.0, 3, 0)
-    mnist = rep.make_config(methods[1], "mnist", rep.FULL_SCALE, 0, rounds=100)
-    assert (mnist.partition, mnist.test_fraction, mnist.rounds) == ("dirichlet:0.5", 0.2, 100)
-    assert (mnist.local_epochs, mnist.local_steps) == (2, None)
-    clustered = rep.make_config(
-        methods[0], "mnist", rep.CPU_SCALE, 0, availability="markov_clustered", partition="iid"
+    assert (c.num_clients, c.per_round, c.availability) == (100, 100, "markov:mix=paper,id_seed=0")
+    assert (c.momentum, c.weight_decay, c.server, c.persistent_client_state) == (
+        0.0,
+        0.0,
+        "sgd",
+        False,
     )
-    assert (clustered.availability, clustered.partition) == ("markov_clustered", "iid")
-    assert [rep.kappa_method(x).args["kappa2"] for x in rep.KAPPAS] == [0.01, 0.1, 1, 10, 100]
+    assert (c.local_epochs, c.batch_size, c.model_args, c.data_seed) == (2, 32, {"ridge": 0.01}, 0)
+    assert rep.fig1_rounds(paper, full) == 200 and rep.fig2_rounds(full) == 500
+    assert rep.fig1_rounds(paper, cpu) == cpu.rounds
+    capped = rep.make_config("unbiased", "synthetic", paper, cpu, lr=(0.1, 1), rounds=5)
+    assert capped.dataset_args["max_examples"] == cpu.synthetic_max_examples
+    # code profile: bias_const 1 = kappa2 0.25, validation loss with fixed F^*, |lambda|,
+    # the 50/25/25 population, momentum and weight decay on both sides, T = 150
+    optima = tuple(np.linspace(0.1, 0.5, 100))
+    c = rep.make_config(
+        "ca_fed", "synthetic", code, full, lr=(0.01, 0.3), rounds=150, optima=optima
+    ).resolve()
+    assert c.strategy_args["kappa2"] == 0.25 and c.strategy_args["optimum"] == "given"
+    assert c.strategy_args["optimum_values"] == pytest.approx(optima)
+    assert (c.strategy_args["loss_source"], c.strategy_args["lambda_order"]) == (
+        "validation",
+        "abs",
+    )
+    assert c.strategy_args["keep_all_when_flat"] is False
+    assert c.dataset_args == {"alpha": 0.5, "beta": 0.5, "examples_per_client": 200}
+    assert c.test_fraction == 0.75  # the code's 50 training / 150 validation examples
+    assert (c.momentum, c.weight_decay, c.persistent_client_state) == (0.9, 0.01, True)
+    assert (c.server, c.server_momentum, c.server_weight_decay) == ("momentum", 0.9, 0.01)
+    assert c.availability == "markov:mix=code,id_seed=0" and rep.fig1_rounds(code, full) == 150
+    mnist = rep.make_config("ca_fed", "mnist", code, full, lr=(0.001, 0.1), rounds=150)
+    assert mnist.strategy_args["optimum"] == "zero" and "optimum_values" not in mnist.strategy_args
+    assert (mnist.partition, mnist.test_fraction, mnist.batch_size) == ("dirichlet:0.5", 0.2, 64)
+    adafed = rep.make_config("adafed", "mnist", code, cpu, lr=(0.01, 0.1), rounds=5)
+    assert adafed.server_lr == 1.0  # the code runs AdaFed with server lr 1
+    f3ast = rep.make_config("f3ast", "mnist", code, cpu, lr=(0.01, 0.1), rounds=5).strategy_args
+    assert f3ast == {"estimator": "oracle", "budget": 50, "variant": "reference"}
+    sweep = rep.make_config("ca_fed", "mnist", code, cpu, lr=(1, 1), rounds=5, kappa=0.1)
+    assert sweep.strategy_args["kappa2"] == pytest.approx(0.025)
+    traced = rep.make_config(
+        "ca_fed", "mnist", paper, cpu, lr=(1, 1), rounds=5, availability="markov_clustered"
+    )
+    assert traced.availability == "markov_clustered" and "trace" not in traced.strategy_args
+    with pytest.raises(ConfigError, match="fitted optima"):
+        rep.make_config("ca_fed", "synthetic", code, cpu, lr=(1, 1), rounds=5)
+    # the tuning grid is the code's (a subgrid at the cpu size); AdaFed's server lr is fixed
+    assert full.client_lrs == (0.1, 0.03, 0.01, 0.003, 0.001)
+    assert full.server_lrs == (1.0, 0.3, 0.1, 0.03, 0.01)
+    assert set(cpu.client_lrs) <= set(full.client_lrs) and set(cpu.server_lrs) <= set(
+        full.server_lrs
+    )
+    assert rep.grid("adafed", code, full) == [(c, 1.0) for c in full.client_lrs]
+    assert len(rep.grid("adafed", paper, full)) == 25
 
 
-def test_run_method_weights_and_trace_agree_with_the_round_logs(tmp_path):
-    method = rep.fig1_methods(TINY.num_clients)[0]
-    config = rep.make_config(method, "synthetic", TINY, 0, eval_every=1)
-    dataset = rep.load(config, TINY, tmp_path)
-    (run,) = rep.run_method(config, dataset, trace=True)
-    assert run["rounds"] == [1, 2, 3, 4] and len(run["accuracy"]) == 4
-    assert run["available"].shape == run["included"].shape == (4, TINY.num_clients)
-    # replay the same seed and sum the weights from the logs directly
-    sim = build_simulation(config, dataset)
-    state, logs = sim.run_rounds(sim.init(0), 4)
-    want = np.zeros(TINY.num_clients)
-    for c, m, w in zip(logs.clients, logs.mask, logs.weights, strict=True):
-        want[np.asarray(c)[np.asarray(m)]] += np.asarray(w)[np.asarray(m)]
-    np.testing.assert_allclose(run["cumulative_weight"], want / 4, rtol=1e-5)
-    np.testing.assert_allclose(run["accuracy"][-1], sim.evaluate(state)["test_accuracy"])
-    # a trained client was available and included in its round
-    trained = np.zeros((4, TINY.num_clients), bool)
-    for t, (c, m) in enumerate(zip(logs.clients, logs.mask, strict=True)):
-        trained[t, np.asarray(c)[np.asarray(m)]] = True
-    np.testing.assert_array_equal(trained, run["available"] & run["included"])
-    summary = rep.summarize([run, run])
-    assert summary["final_std"] == 0.0 and summary["finals"] == [run["accuracy"][-1]] * 2
+def test_learning_rate_option():
+    got = rep.parse_lrs("synthetic.ca_fed=0.01/0.3; mnist.adafed=0.001/1")
+    assert got == {("synthetic", "ca_fed"): (0.01, 0.3), ("mnist", "adafed"): (0.001, 1.0)}
+    assert rep.parse_lrs(None) == {}
+    for bad in ("synthetic.ca_fed=0.01", "ca_fed=0.1/1", "synthetic.fedavg=0.1/1", "x.ca_fed=-1/1"):
+        with pytest.raises(ConfigError, match="DATASET.STRATEGY=CLIENT/SERVER"):
+            rep.parse_lrs(bad)
+    # without tuning: given values win, then the code's published ones, then Unbiased's
+    code, cpu = rep.PROFILES["code"], rep.SCALES["cpu"]
+    lrs, record = rep.learning_rates(
+        {"synthetic": {}, "mnist": {}},
+        ("ca_fed", "unbiased", "adafed"),
+        code,
+        cpu,
+        Path("unused"),
+        tune=False,
+        given={("mnist", "unbiased"): (0.01, 0.1)},
+    )
+    assert lrs[("synthetic", "ca_fed")] == (0.01, 0.3) and lrs[("mnist", "unbiased")] == (0.01, 0.1)
+    assert lrs[("mnist", "adafed")] == (0.01, 0.1)  # falls back to Unbiased's
+    assert record["chosen"]["synthetic.unbiased"] == [0.03, 0.03]
+    with pytest.raises(ConfigError, match="no learning rates for ca_fed on mnist"):
+        rep.learning_rates(
+            {"mnist": {}}, ("ca_fed",), rep.PROFILES["paper"], cpu, Path("x"), tune=False, given={}
+        )
 
 
-def test_class_weights_group_fig_1d_classes():
-    # 8 clients: classes 0, 0, 1, 1 (more available), 2, 2 (less, correlated), 3, 3 (less, weak)
-    w = np.array([1.0, 3.0, 5.0, 7.0, 0.0, 2.0, 4.0, 4.0])
-    got = rep.class_weights(w)
-    assert got == {
-        "more available": 4.0,
-        "less available, weakly correlated": 4.0,
-        "less available, correlated": 1.0,
-    }
+def _fake_run(records, summary=None):
+    return Run(Path("."), "x", "", 0, summary or {}, records)
+
+
+def test_diagnostics_read_back_against_numpy():
+    """Chunk means weighted by chunk length, the standard deviation of the weight sum across
+    rounds from its running square, kept shares per class, and Fig. 1d's class weights."""
+    rng = np.random.default_rng(0)
+    per_round = rng.uniform(0.2, 2.0, 25)  # q_sum of 25 rounds, logged in chunks 10, 10, 5
+    kept = rng.integers(0, 5, (25, 4)).astype(float)
+    records, start = [], 0
+    for end in (10, 20, 25):
+        sl = slice(start, end)
+        records.append(
+            {
+                "round": end,
+                "diagnostics": {
+                    "q_sum": per_round[sl].mean(),
+                    "q_sum_sq": (per_round[sl] ** 2).mean(),
+                    "kept_by_group": kept[sl].mean(0).tolist(),
+                    "group_size": [4.0, 4.0, 4.0, 0.0],
+                },
+            }
+        )
+        start = end
+    run = _fake_run(records)
+    assert rep.diagnostic_mean(run, "q_sum") == pytest.approx(per_round.mean())
+    assert rep.diagnostic_mean(run, "missing") is None
+    row = rep.mechanism_row([run])
+    assert row["q_sum"] == pytest.approx(per_round.mean())
+    assert row["q_sum_std_across_rounds"] == pytest.approx(per_round.std(), rel=1e-6)
+    share = row["kept_share_by_class"]
+    for c, name in enumerate(CLASS_NAMES[:3]):
+        assert share[name] == pytest.approx(kept[:, c].mean() / 4)
+    assert share[CLASS_NAMES[3]] is None  # an empty class
+    classes = population_classes(8)  # 0, 0, 1, 1, 2, 2, 3, 3
+    w = np.array([1.0, 3.0, 5.0, 7.0, 0.0, 2.0, 4.0, 4.0]) * 10
+    runs = [_fake_run([], {"weight_sums": w.tolist(), "rounds_completed": 10})] * 2
+    assert rep.class_weights(runs, classes) == dict(
+        zip(CLASS_NAMES, [2.0, 6.0, 1.0, 4.0], strict=True)
+    )
+    assert rep.class_weights(runs, population_classes(8, "code"))[CLASS_NAMES[0]] is None
+    assert rep.tail_accuracy([{"round": r, "test_accuracy": r / 10} for r in range(1, 11)], 10) == (
+        pytest.approx(np.mean([0.7, 0.8, 0.9, 1.0]))
+    )
+    assert rep.tail_accuracy([{"round": 10, "test_accuracy": float("nan")}], 10) == -np.inf
 
 
 def test_plots_write_images(tmp_path):
     rng = np.random.default_rng(0)
-    available, included = rng.random((5, 20)) < 0.5, rng.random((5, 20)) < 0.7
-    assert rep.plot_map(available, included, tmp_path / "m.png", "map").stat().st_size > 0
-    curves = {"a": {"rounds": [1, 2], "mean": [0.1, 0.2], "std": [0.0, 0.01]}}
-    assert rep.plot_accuracy(curves, tmp_path / "c.png", "c").stat().st_size > 0
-    assert rep.plot_weights({"a": np.arange(8.0)}, tmp_path / "w.png").stat().st_size > 0
+    available, kept = rng.random((5, 20)) < 0.5, rng.random((5, 20)) < 0.7
+    assert rep.plot_map(available, kept, tmp_path / "m.png", "map").stat().st_size > 0
+    classes = population_classes(8, "code", id_seed=1)
+    path = rep.plot_weights({"a": np.arange(8.0), "b": np.ones(8)}, classes, tmp_path / "w.png")
+    assert path.stat().st_size > 0
+
+
+@pytest.fixture
+def tiny(monkeypatch):
+    monkeypatch.setitem(
+        rep.SCALES,
+        "cpu",
+        rep.Scale("cpu", 6, 3, 3, 2, 3, 3, None, 1.0, 2, 1, (0.05, 0.5), (1.0,), False),
+    )
+
+
+def test_tuning_picks_the_best_grid_point_per_strategy(monkeypatch, tmp_path):
+    """The grid search on planted runs (``run_cells`` replaced by a stand-in whose test accuracy
+    peaks at a known learning-rate pair per strategy): every grid point and tuning seed is a
+    cell, the scores are the tail accuracies averaged over seeds, the argmax is chosen, and at
+    the cpu size More-available and F3AST take Unbiased's values."""
+    from fedjax_sel.experiment import RunResult
+
+    best = {"ca_fed": (0.01, 0.1), "unbiased": (0.1, 1.0), "adafed": (0.001, 1.0)}
+    seen = []
+
+    def fake_run_cells(cells, **kw):
+        out = []
+        for c in cells:
+            cfg = c.config
+            seen.append((cfg.strategy, cfg.lr, cfg.server_lr, cfg.seed, cfg.rounds))
+            want = best[cfg.strategy]
+            acc = (
+                0.9 - abs(np.log10(cfg.lr / want[0])) / 10 - abs(np.log10(cfg.server_lr / want[1]))
+            )
+            acc += 0.01 * (cfg.seed - rep.TUNE_SEED0)  # seeds differ; the mean decides
+            evals = [{"round": r, "test_accuracy": acc} for r in range(5, cfg.rounds + 1, 5)]
+            out.append(RunResult(cfg, evals, {}))
+        return out
+
+    monkeypatch.setattr(rep, "run_cells", fake_run_cells)
+    code, cpu = rep.PROFILES["code"], rep.SCALES["cpu"]
+    lrs, record = rep.learning_rates(
+        {"mnist": {"data_path": "unused"}},
+        ("ca_fed", "unbiased", "more_available", "adafed", "f3ast"),
+        code,
+        cpu,
+        tmp_path,
+        tune=True,
+        given={},
+    )
+    assert record["tuned"] == ["ca_fed", "unbiased", "adafed"]
+    n_grid = len(cpu.client_lrs) * len(cpu.server_lrs)
+    assert len(seen) == cpu.tune_seeds * (2 * n_grid + len(cpu.client_lrs))  # AdaFed: server 1
+    assert {x[3] for x in seen} == {rep.TUNE_SEED0 + i for i in range(cpu.tune_seeds)}
+    assert {x[4] for x in seen} == {cpu.tune_rounds}
+    for strategy, lr in best.items():
+        assert lrs[("mnist", strategy)] == lr
+        scores = record["scores"][f"mnist.{strategy}"]
+        assert max(scores, key=scores.get) == f"{lr[0]:g}/{lr[1]:g}"
+    assert lrs[("mnist", "more_available")] == lrs[("mnist", "f3ast")] == best["unbiased"]
+
+
+def test_tiny_end_to_end_verdicts_and_cache(tiny, tmp_path, capsys):
+    """The code profile's Fig. 1 Synthetic at a tiny size with CA-Fed and AdaFed on 3 paired
+    seeds (given learning rates): verdicts.json has the required fields and the paired
+    interval recomputed from the run folders, tables and diagnostics are written, a rerun
+    reuses every cell, and a changed number of rounds is recomputed."""
+    out = tmp_path / "out"
+    kw = dict(
+        seeds=3,
+        out=out,
+        size="cpu",
+        profile="code",
+        parts=("fig1_synthetic",),
+        methods=("ca_fed", "adafed"),
+        tune=False,
+        lrs="synthetic.ca_fed=0.05/0.5;synthetic.adafed=0.05/1",
+    )
+    results = REPRODUCTIONS.build("ca-fed", **kw)
+    assert results["learning_rates"]["chosen"] == {
+        "synthetic.adafed": [0.05, 1.0],
+        "synthetic.ca_fed": [0.05, 0.5],
+    }
+    optima = results["fitted_optima"]["synthetic, N = 6"]
+    assert 0 <= optima["min"] <= optima["max"] and optima["max"] > 0
+    (row,) = json.loads((out / "verdicts.json").read_text())
+    assert set(REQUIRED) <= set(row) and row["verdict"] in VERDICTS
+    assert (row["profile"], row["size"], row["seeds"], row["paper_diff"]) == (
+        "code",
+        "cpu",
+        3,
+        1.56,
+    )
+    finals = {}
+    for summary in out.glob("runs/synthetic/*/seed*/summary.json"):
+        s = json.loads(summary.read_text())
+        finals[(s["label"], s["seed"])] = 100 * s["final_accuracy"]
+    d = np.array([finals[("CA-Fed", s)] - finals[("AdaFed", s)] for s in range(3)])
+    assert row["diff_mean"] == pytest.approx(d.mean(), abs=1e-6)
+    half = 4.302652729911275 * d.std(ddof=1) / np.sqrt(3)  # t(0.975, 2)
+    assert row["diff_ci_high"] - row["diff_ci_low"] == pytest.approx(2 * half, rel=1e-6)
+    text = (out / "tables.md").read_text()
+    assert "Fig. 1d" in text and "Verdicts" in text and "less available, correlated" in text
+    mech = results["mechanism"]["synthetic / CA-Fed"]
+    assert mech["excluded"] is not None and mech["q_sum"] > 0
+    assert results["mechanism"]["synthetic / AdaFed"]["q_sum"] == pytest.approx(1.0, rel=1e-5)
+    assert set(results["fig1d"]["CA-Fed"]["cumulative_weight"]) == set(CLASS_NAMES)
+    capsys.readouterr()
+    REPRODUCTIONS.build("ca-fed", **kw)
+    assert "6 of 6 cells already finished" in capsys.readouterr().out
+    # a changed size (rounds) is not served from the cache
+    rep.SCALES["cpu"] = dataclasses.replace(rep.SCALES["cpu"], rounds=2)
+    REPRODUCTIONS.build("ca-fed", **{**kw, "methods": ("adafed",)})
+    assert "cells already finished" not in capsys.readouterr().out
+    s = json.loads((out / "runs/synthetic/AdaFed/seed0/summary.json").read_text())
+    assert s["rounds_completed"] == 2
 
 
 def test_kernel_benchmarks_run_at_small_k(tmp_path):

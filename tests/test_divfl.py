@@ -111,6 +111,15 @@ def test_planted_clusters_one_pick_each_medoid_first():
             )
             sel, _ = strat.select(state, inputs, None, jax.random.key(s))
             picked = np.asarray(sel.clients)[np.asarray(sel.mask)]
+            # the logged facility-location cost per covered client, against NumPy
+            cov = np.flatnonzero(available)
+            np.testing.assert_allclose(
+                float(sel.diagnostics["cover_cost"]),
+                cost(dist, cov, picked) / cov.size,
+                rtol=1e-4,
+                atol=1e-4,
+            )
+            assert float(sel.diagnostics["cover_size"]) == cov.size
             if with_outlier:
                 medoid = int(np.argmin(dist.sum(axis=0)))
                 assert picked[0] == medoid and label[medoid] == 0

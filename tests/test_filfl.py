@@ -99,18 +99,68 @@ def test_planted_bad_clients_are_filtered_out_and_never_selected():
             )
 
 
-def test_infeasible_empty_set_keeps_only_the_first_considered_bad_client():
+def test_diagnostics_match_numpy_on_planted_clients():
+    """The filter's diagnostics against a NumPy count on planted clients: the local models of
+    the ``bad`` clients are far worse than the global model on V (the rest better); ``worse``
+    and ``worse_removed`` must equal the count of bad considered clients and of those outside
+    S^f (read from the state). With the infeasible empty set (the default) the first considered
+    client is always kept, so some rounds keep a bad client: both outcomes are exercised."""
     bad = [1, 4, 9]
     oracle = planted_oracle(bad)
-    strat = make_strategy("filfl", 3, variant="dgf")  # empty_value="infeasible"
+    ends = np.asarray(oracle.train({"w": jnp.zeros(D)}, jnp.arange(K), None).params["w"])
+    local_loss = np.sum(np.square(ends - TARGET), axis=1)
+    strat = make_strategy("filfl", 3, variant="dgf", period=2)
     state = strat.init(jax.random.key(0), spec())
-    kept_bad = 0
-    for t in range(12):
-        _, state = strat.select(state, inputs(5 * t, np.ones(K, bool)), oracle, jax.random.key(t))
-        filtered = np.asarray(state.filtered)
-        kept_bad += int(filtered[bad].sum())
-        assert filtered[bad].sum() <= 1 and filtered.sum() >= 1
-    assert kept_bad <= 6  # each bad client is kept only when drawn first: 1/4 of the rounds
+    select = jax.jit(lambda s, i, k: strat.select(s, i, oracle, k))
+    rng = np.random.default_rng(5)
+    kept_worse = filtering = 0
+    for t in range(16):
+        avail = rng.uniform(size=K) < 0.75
+        avail[bad[0]] = True  # a bad client is considered in every filtering round
+        params = {"w": jnp.asarray(0.1 * rng.normal(size=D), jnp.float32)}
+        sel, state = select(state, inputs(t, avail, params), jax.random.key(t))
+        d = {k: float(v) for k, v in sel.diagnostics.items() if k != "law"}
+        assert d["filter_round"] == 1.0  # the available set changes every round
+        filtering += 1
+        global_loss = float(np.sum(np.square(np.asarray(params["w"]) - TARGET)))
+        worse = avail & (local_loss > global_loss)
+        np.testing.assert_array_equal(
+            np.flatnonzero(worse), np.intersect1d(bad, np.flatnonzero(avail))
+        )
+        keep = np.asarray(state.filtered)
+        assert keep.sum() >= 1  # the infeasible empty set: S^f is never empty
+        assert d["considered"] == avail.sum() and d["kept"] == keep.sum()
+        assert d["removed"] == avail.sum() - keep.sum()
+        assert d["worse"] == worse.sum() and d["worse_removed"] == (worse & ~keep).sum()
+        np.testing.assert_allclose(d["worse_share"], worse.sum() / avail.sum(), rtol=1e-6)
+        np.testing.assert_allclose(d["filter_rate"], keep.sum() / avail.sum(), rtol=1e-6)
+        np.testing.assert_allclose(d["value_global"], -global_loss, rtol=1e-5)
+        # the inner uniform selector's law: uniform over S^f (all available here)
+        np.testing.assert_allclose(sel.diagnostics["law"], keep / keep.sum(), rtol=1e-6)
+        kept_worse += int(d["worse"] - d["worse_removed"])
+    assert filtering == 16 and 0 < kept_worse < 16  # some rounds keep a bad client, most not
+    # a regular round (same availability, not a period round) reports zeros
+    sel, _ = select(state, inputs(17, avail, params), jax.random.key(99))
+    assert all(float(sel.diagnostics[k]) == 0.0 for k in ("filter_round", "worse", "kept"))
+
+
+def test_state_holds_no_diagnostics():
+    """FilFL's state is S^f, S_{t-1}, a flag and the inner selector's state: nothing grows
+    with the number of rounds (the per-round record lives in ``Selection.diagnostics``)."""
+    from fedjax_sel.strategies.filfl import FilFLState
+
+    assert FilFLState._fields == ("filtered", "last_available", "has_filter", "inner")
+    strat = make_strategy("filfl", 3, inner="power_of_choice", track_opt=True, considered=8)
+    short = strat.init(jax.random.key(0), spec(num_rounds=5))
+    long = strat.init(jax.random.key(0), spec(num_rounds=500))
+    shapes = lambda s: [x.shape for x in jax.tree.leaves(s)]  # noqa: E731
+    assert shapes(short) == shapes(long)
+    sel, after = strat.select(
+        short, inputs(0, np.ones(K, bool)), planted_oracle([2]), jax.random.key(1)
+    )
+    assert jax.tree.structure(after) == jax.tree.structure(short)
+    assert shapes(after) == shapes(short)
+    assert set(sel.diagnostics) >= {"filter_rate", "worse_share", "worse_removed", "ratio_dgf"}
 
 
 def test_schedule_filters_every_period_and_on_availability_change():
@@ -120,7 +170,7 @@ def test_schedule_filters_every_period_and_on_availability_change():
     select = jax.jit(lambda s, i, k: strat.select(s, i, oracle, k))
     rng = np.random.default_rng(0)
     avail = np.ones(K, bool)
-    expected = []
+    expected, filtered_rounds, considered = [], [], []
     for t in range(12):
         changed = t in (6, 7)  # the available set changes at rounds 6 and 7
         if changed:
@@ -129,10 +179,10 @@ def test_schedule_filters_every_period_and_on_availability_change():
         sel, state = select(state, inputs(t, avail), jax.random.key(t))
         chosen = np.asarray(sel.clients)[np.asarray(sel.mask)]
         assert avail[chosen].all() and np.asarray(state.filtered)[chosen].all()
-    size = np.asarray(state.log.size)
-    np.testing.assert_array_equal(size >= 0, expected)
-    considered = np.asarray(state.log.considered)
-    assert considered[0] == K and considered[7] == avail.sum()
+        filtered_rounds.append(float(sel.diagnostics["filter_round"]) == 1.0)
+        considered.append(int(sel.diagnostics["considered"]))
+    np.testing.assert_array_equal(filtered_rounds, expected)
+    assert considered[0] == K and considered[7] == avail.sum() and considered[1] == 0
 
 
 def test_small_filtered_set_is_taken_whole_and_considered_subsample():
@@ -148,10 +198,11 @@ def test_small_filtered_set_is_taken_whole_and_considered_subsample():
     # considered = n < available: exactly n clients train, the filtered set lies among them
     strat = make_strategy("filfl", 2, considered=5, variant="rgf")
     state = strat.init(jax.random.key(0), spec(per_round=2))
-    _, state = strat.select(
+    sel, state = strat.select(
         state, inputs(0, np.ones(K, bool)), planted_oracle([]), jax.random.key(2)
     )
-    assert int(state.log.considered[0]) == 5 and 1 <= int(np.asarray(state.filtered).sum()) <= 5
+    assert int(sel.diagnostics["considered"]) == 5
+    assert 1 <= int(np.asarray(state.filtered).sum()) <= 5
 
 
 def test_empty_filtered_set_rules():
@@ -182,19 +233,28 @@ def test_track_opt_logs_greedy_and_optimum():
     oracle = planted_oracle([2], noise=0.5)
     strat = make_strategy("filfl", 3, variant="rgf", track_opt=True, considered=8)
     state = strat.init(jax.random.key(0), spec())
-    _, state = strat.select(state, inputs(0, np.ones(K, bool)), oracle, jax.random.key(3))
-    log = jax.tree.map(lambda x: np.asarray(x)[0], state.log)
-    assert log.value_opt >= max(log.value_dgf, log.value_rgf, log.value_all) - 1e-5
-    assert log.value == log.value_rgf
-    assert np.isfinite([log.value_dgf, log.value_rgf, log.value_opt, log.value_empty]).all()
+    sel, _ = strat.select(state, inputs(0, np.ones(K, bool)), oracle, jax.random.key(3))
+    d = {k: float(v) for k, v in sel.diagnostics.items() if k != "law"}
+    assert d["value_opt"] >= max(d["value_dgf"], d["value_rgf"], d["value_all"]) - 1e-5
+    assert d["value"] == d["value_rgf"]
+    assert "value_empty" not in d  # infeasible: R(empty) is VALUE_FLOOR, not logged
+    assert np.isfinite([d["value_dgf"], d["value_rgf"], d["value_opt"]]).all()
+    for v in ("dgf", "rgf"):  # Fig. 11's ratio on f = 10 - F_V, and the offset-free one
+        np.testing.assert_allclose(
+            d[f"ratio_{v}"], (10 + d[f"value_{v}"]) / (10 + d["value_opt"]), rtol=1e-6
+        )
+        np.testing.assert_allclose(
+            d[f"loss_ratio_{v}"], d["value_opt"] / d[f"value_{v}"], rtol=1e-6
+        )
+        assert 0 < d[f"ratio_{v}"] <= 1 + 1e-6 and 0 < d[f"loss_ratio_{v}"] <= 1 + 1e-6
 
 
 def test_config_errors():
-    with pytest.raises(ConfigError, match="inner selector"):
+    with pytest.raises(ConfigError, match="inner=.filfl. is not a valid choice"):
         make_strategy("filfl", 3, inner="filfl")
     with pytest.raises(ConfigError, match="key=value"):
         make_strategy("filfl", 3, inner_args="d")
-    with pytest.raises(ConfigError, match="no hyperparameter"):
+    with pytest.raises(ConfigError, match="has no option"):
         make_strategy("filfl", 3, inner="uniform", inner_args="d=3")
     with pytest.raises(ConfigError, match="variant"):
         make_strategy("filfl", 3, variant="best")
@@ -269,7 +329,7 @@ def test_pretrained_slots_equal_the_rounds_own_training(digits, prox_mu, paralle
 def test_filter_size_and_client_filtering_set(digits):
     model = make_model("logreg", input_shape=digits.input_shape, num_classes=10)
     sim = _sim(digits, make_strategy("filfl", 3, filter_size=7, empty_value="global"))
-    state, _ = sim.run_rounds(sim.init(seed=0), 1)
+    _, logs = sim.run_rounds(sim.init(seed=0), 1)
     # R(empty) = -F_V(w_0) on 7 server examples spread evenly over the set
     m = digits.server_x.shape[0]
     idx = (np.arange(7) * m) // 7
@@ -281,12 +341,13 @@ def test_filter_size_and_client_filtering_set(digits):
         - logits.max(1, keepdims=True)
     )
     f_v = -np.mean(logp[np.arange(7), np.asarray(digits.server_y)[idx]])
-    np.testing.assert_allclose(float(state.strategy_state.log.value_empty[0]), -f_v, rtol=1e-5)
+    np.testing.assert_allclose(float(logs.diagnostics["value_empty"][0]), -f_v, rtol=1e-5)
+    np.testing.assert_allclose(float(logs.diagnostics["value_global"][0]), -f_v, rtol=1e-5)
     # variable filtering set: one considered client's own test split
     sim = _sim(digits, make_strategy("filfl", 3, filter_data="client", empty_value="global"))
     state = sim.init(seed=0)
-    state2, _ = sim.run_rounds(state, 1)
-    value = float(state2.strategy_state.log.value_empty[0])
+    _, logs = sim.run_rounds(state, 1)
+    value = float(logs.diagnostics["value_empty"][0])
     per_client = -np.asarray(
         ev.client_losses(model, state.params, digits.test, jnp.arange(K, dtype=jnp.int32))
     )
@@ -348,4 +409,10 @@ def test_cli_run_with_filfl(tmp_path):
     )
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and all(1 <= r["filtered_size"] <= 8 for r in rows)
+    # the filter's diagnostics reach metrics.jsonl (chunk means: rounds 0 and 3 filter)
+    diag = [r["diagnostics"] for r in rows]
+    assert [d["filter_round"] for d in diag] == [0.5, 0.5]
+    for d in diag:
+        assert 0 < d["filter_rate"] <= d["filter_round"] and d["considered"] == 0.5 * 8
+        assert 0 <= d["worse_removed"] <= d["worse"] <= d["considered"]
     assert all(len(sel) <= 3 for r in rows for sel in r["selected"])

@@ -1,5 +1,6 @@
-"""The ``sp-cacw`` reproduction's plumbing at a tiny size: clustered MNIST on a fake file, the
-CIFAR-100 part without its data, and the tables against hand-computed rows."""
+"""SP-CACW on the experiment layer at tiny sizes (clustered MNIST on a fake file): the CLI path of
+a personalized run, the reproduction end to end (verdicts against the run folders), and the
+Study reusing a finished cell but recomputing one whose configuration changed."""
 
 from __future__ import annotations
 
@@ -10,9 +11,14 @@ import numpy as np
 import pytest
 
 from fedjax_sel.base import ConfigError
-from fedjax_sel.personalized import PersonalizedConfig, summary_row
+from fedjax_sel.cli import main
+from fedjax_sel.experiment.outputs import read_metrics, strip_timings
 from fedjax_sel.reproduce import REPRODUCTIONS
 from fedjax_sel.reproduce import sp_cacw as repro
+from fedjax_sel.reproduce.common import VERDICTS, Study
+
+TINY_DATA = (("num_clusters", 2), ("transform", "permute"), ("examples_per_client", 30))
+FAST = (("pgd_steps", 20), ("power_iters", 3))
 
 
 def fake_mnist(path, seed=0):
@@ -27,78 +33,143 @@ def fake_mnist(path, seed=0):
     )
 
 
-def tiny_mnist(transform, full, data_dir):
-    assert not full
-    return repro.Setting(
-        f"mnist_{transform}", "clustered_mnist", 6, "logreg",
-        PersonalizedConfig(lr=0.1, batch_size=8, pgd_steps=20, power_iters=3), epochs=3,
-        eval_every=1,
-        dataset_args={"num_clusters": 2, "transform": transform, "examples_per_client": 30},
-        methods=("sp_cacw", "fedavg"), track_bound=True, data_path=data_dir,
+def tiny_setting(**kw) -> repro.Setting:
+    args = dict(
+        dataset="clustered_mnist", num_clients=6, model="logreg", rounds=2, eval_every=1,
+        lr=0.1, batch_size=8, dataset_args=TINY_DATA, methods=("sp_cacw", "local", "fedavg"),
+        method_args=FAST, track_bound=True,
     )  # fmt: skip
+    args.update(kw)
+    return repro.Setting(**args)
 
 
-def test_tiny_reproduction(tmp_path, monkeypatch, capsys):
+def test_cli_personalized_run_writes_outputs_and_reruns_from_its_config(tmp_path, capsys):
+    """``fedjax-sel run --mode personalized --strategy sp_cacw``: the three files, the
+    method's own quantities in the records, and ``--config config.json`` reruns it identically."""
     fake_mnist(tmp_path)
-    monkeypatch.setattr(repro, "mnist_setting", tiny_mnist)
+    out = tmp_path / "run"
+    flags = [
+        "run", "--mode", "personalized", "--strategy", "sp_cacw",
+        "--strategy-arg", "pgd_steps=20,power_iters=3,participation=0.5",
+        "--dataset", "clustered_mnist", "--dataset-arg", "num_clusters=2,transform=permute",
+        "--dataset-arg", "examples_per_client=30", "--data-dir", str(tmp_path),
+        "--clients", "6", "--model", "logreg", "--rounds", "2", "--eval-every", "1",
+        "--lr", "0.1", "--batch-size", "8", "--no-progress",
+    ]  # fmt: skip
+    assert main([*flags, "--out", str(out)]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["config"]["mode"] == "personalized" and config["config"]["strategy"] == "sp_cacw"
+    assert config["steps_per_epoch"] == 3 and config["update_period_epochs"] == 1.0  # 24 / 8
+    records = read_metrics(out / "metrics.jsonl")
+    assert [r["round"] for r in records] == [0, 1, 2]
+    last = records[-1]
+    assert len(last["per_target"]["test_accuracy"]) == 6 and np.shape(last["weights"]) == (6, 6)
+    for key in ("unobserved_weight", "own_cluster_weight", "bound_premise", "lr_times_smoothness"):
+        assert key in last["per_target"]
+    assert last["per_target"]["unobserved_weight"] == [0.0] * 6  # the observed-peer mask
+    assert set(last["diagnostics"]) >= {"lr_times_smoothness", "unobserved_weight"}
+    summary = json.loads((out / "summary.json").read_text())
+    acc = np.mean([r["per_target"]["test_accuracy"] for r in records if r["round"] == 2])
+    assert summary["target_accuracy"] == pytest.approx(acc)  # last 20% of 2 rounds: round 2
+    assert ("risk_bound" in summary) == (summary["bound_premise_fraction"] > 0)
+    again = tmp_path / "again"
+    assert main(["run", "--config", str(out / "config.json"), "--out", str(again),
+                 "--no-progress"]) == 0  # fmt: skip
+    assert strip_timings(read_metrics(again / "metrics.jsonl")) == strip_timings(records)
+    assert "outputs written to" in capsys.readouterr().out
+
+
+def test_tiny_reproduction_end_to_end(tmp_path, monkeypatch, capsys):
+    """Two paired seeds of SP-CACW, local and FedAvg on a tiny clustered MNIST: verdicts.json
+    holds the required fields, its paired differences are those of the run folders' summaries,
+    each summary's ``target_accuracy`` is the records' mean over targets, and the absent
+    CIFAR-100 data is named."""
+    fake_mnist(tmp_path)
+    tiny = dict(repro.SCALES["cpu"], mnist_permute=tiny_setting())
+    monkeypatch.setitem(repro.SCALES, "cpu", tiny)
     monkeypatch.setenv("FEDJAX_SEL_DATA_DIR", str(tmp_path))  # no cifar100.npz here
-    assert REPRODUCTIONS["sp-cacw"].run is repro.run
+    assert REPRODUCTIONS["sp-cacw"].factory is repro.run
     out = tmp_path / "out"
-    report = repro.run(seeds=1, out=out, data_dir=str(tmp_path), parts="mnist_permute,cifar100")
-    assert json.loads((out / "summary.json").read_text())["mnist_permute"]["rows"]
-    body = report["mnist_permute"]
-    assert [r["method"] for r in body["rows"]] == ["SP-CACW", "FedAvg"]
-    for key in ("curves", "heatmap", "bound_plot"):
-        assert (out / body[key].split("/")[-1]).stat().st_size > 0
-    sp, fedavg = body["rows"]
-    assert 0.0 <= sp["own_cluster_mass"] <= 1.0 and "own_cluster_mass" not in fedavg
-    assert sp["seeds"] == 1 and sp["test_accuracy_std"] == 0.0
-    # the bound table covers the peer weightings only, with finite values
-    (tight,) = body["tightness"]
-    assert tight["method"] == "SP-CACW"
-    assert np.isfinite(tight["phi_online_over_exact"]) and tight["exact_error"] > 0
-    assert "skipped" in report["cifar100"] and "cifar100" in report["cifar100"]["skipped"]
-    printed = capsys.readouterr().out
-    assert "mnist_permute" in printed and "cifar100: skipped" in printed
+    results = repro.run(
+        seeds=2, out=out, size="cpu", data_dir=tmp_path, parts=("mnist_permute", "cifar100")
+    )
+    rows = json.loads((out / "verdicts.json").read_text())
+    assert [r["baseline"] for r in rows] == ["Local only", "FedAvg"]
+    required = {
+        "paper", "claim", "profile", "size", "setting", "method", "baseline", "metric", "seeds",
+        "paper_value", "paper_diff", "ours_mean", "ours_ci_low", "ours_ci_high", "diff_mean",
+        "diff_ci_low", "diff_ci_high", "verdict", "note",
+    }  # fmt: skip
+    runs = out / "runs" / "mnist_permute"
+    for r in rows:
+        assert required <= set(r) and r["verdict"] in VERDICTS
+        assert (r["profile"], r["size"], r["metric"], r["seeds"]) == (
+            "paper", "cpu", "target_accuracy", 2
+        )  # fmt: skip
+        assert "below the evidence standard" in r["note"]
+        diffs = []
+        for s in (0, 1):
+            sp = json.loads((runs / "SP-CACW" / f"seed{s}" / "summary.json").read_text())
+            base = r["baseline"].replace(" ", "_")
+            other = json.loads((runs / base / f"seed{s}" / "summary.json").read_text())
+            diffs.append(100 * (sp["target_accuracy"] - other["target_accuracy"]))
+        assert r["diff_mean"] == pytest.approx(np.mean(diffs))
+    records = read_metrics(runs / "SP-CACW" / "seed1" / "metrics.jsonl")
+    summary = json.loads((runs / "SP-CACW" / "seed1" / "summary.json").read_text())
+    assert summary["target_accuracy"] == pytest.approx(
+        np.mean(records[-1]["per_target"]["test_accuracy"])
+    )
+    assert "cifar100" in results["absent"] and "cifar100" in results["absent"]["cifar100"]
+    assert results["note"] == repro.NOTE and "code" in repro.NOTE
+    (sp_row,) = [t for t in results["tables"]["mnist_permute"] if t["method"] == "SP-CACW"]
+    assert sp_row["unobserved_weight"] == 0.0 and sp_row["tightness"] is not None
+    text = (out / "tables.md").read_text()
+    assert "Verdicts" in text and "SP-CACW - method" in text and "cifar100" in text
+    for key in ("curves", "heatmap", "bound"):
+        assert (out / results["plots"]["mnist_permute"][key].split("/")[-1]).stat().st_size > 0
+    assert "mnist_permute" in capsys.readouterr().out
 
 
-def test_table_is_the_mean_of_the_summary_rows():
-    """``table`` against summary rows computed by hand on two synthetic seeds."""
-    from fedjax_sel.personalized.experiment import MethodResult
+def test_study_reuses_a_finished_cell_and_recomputes_a_changed_one(tmp_path):
+    """Same configuration: the cell is read back, not rerun; more rounds: it is recomputed."""
+    fake_mnist(tmp_path)
+    setting = tiny_setting(methods=("fedavg",), track_bound=False)
 
-    def result(acc):
-        metrics = {
-            "test_accuracy": np.array([[0.1, 0.1], acc]),
-            "test_loss": np.ones((2, 2)),
-            "train_loss": np.ones((2, 2)),
-        }
-        w = np.array([[[0.5, 0.5], [0.5, 0.5]], [[1.0, 0.0], [0.2, 0.8]]])
-        return MethodResult(
-            "sp_cacw", "SP", np.array([0, 10]), metrics, np.array([0, 1]), w, None, 1.0, [0, 1]
-        )
+    def study_of(rounds):
+        study = Study("sp_cacw", profile="paper", size="cpu", seeds=1, out=tmp_path / "o",
+                      progress=False, echo=lambda *_: None)  # fmt: skip
+        cfg = repro.make_config(dataclasses.replace(setting, rounds=rounds), "fedavg", tmp_path)
+        study.add("s", "FedAvg", cfg)
+        study.run()
+        return study
 
-    runs = {"SP": [result([0.6, 0.8]), result([0.7, 0.9])]}
-    (row,) = repro.table(runs)
-    assert row["test_accuracy"] == pytest.approx(0.75)
-    assert row["test_accuracy_std"] == pytest.approx(0.05)
-    assert row["worst_target_accuracy"] == pytest.approx(0.65)
-    assert row["own_cluster_mass"] == pytest.approx(0.9)  # (1.0 + 0.8) / 2
-    assert row["self_weight"] == pytest.approx(0.9)
-    assert summary_row(runs["SP"][0])["peers_with_weight"] == pytest.approx(1.5)
+    summary = tmp_path / "o" / "runs" / "s" / "FedAvg" / "seed0" / "summary.json"
+    study_of(2)
+    first = summary.stat().st_mtime_ns
+    assert study_of(2).runs("s", "FedAvg")[0].summary["rounds_completed"] == 2
+    assert summary.stat().st_mtime_ns == first  # reused
+    assert study_of(3).runs("s", "FedAvg")[0].summary["rounds_completed"] == 3
+    assert summary.stat().st_mtime_ns != first
 
 
-def test_settings_and_bad_parts(tmp_path):
-    shakespeare = repro.shakespeare_setting(False, None)
-    assert "oracle" not in shakespeare.methods  # no true clusters
-    for full in (False, True):
-        mnist = repro.mnist_setting("rotate", full, None)
-        assert mnist.dataset_args["num_clusters"] == 4 and mnist.track_bound
-    assert dataclasses.asdict(repro.cifar_setting(None).config)["method"] == "sp_cacw"
-    for _, overrides in repro.ABLATIONS:  # every ablation is a valid SP-CACW configuration
-        dataclasses.replace(
-            repro.mnist_setting("permute", False, None).config, **overrides
-        ).validate()
+def test_configs_and_claims_follow_the_paper():
+    """Every run is a personalized RunConfig; SP-CACW runs with the paper's FTAL (the default,
+    no override); one partition for all seeds; claims only for baselines a setting has."""
+    for size in ("cpu", "paper"):
+        for part, setting in repro.SCALES[size].items():
+            for m in setting.methods:
+                cfg = repro.make_config(setting, m).resolve()
+                assert cfg.mode == "personalized" and cfg.strategy == m and cfg.data_seed == 0
+                assert "solver" not in cfg.strategy_args
+            assert setting.update_every is None, part  # one local epoch: the paper's period
+    shakespeare = repro.SCALES["cpu"]["shakespeare"]
+    assert "oracle" not in shakespeare.methods
+    labels = [c.baseline for c in repro.claims("shakespeare", shakespeare.methods)]
+    assert labels == ["Local only", "FedAvg", "Cosine similarity", "IFCA"]
+    assert repro.claims("x", ("local", "fedavg")) == []  # no SP-CACW, nothing to claim
+    for _, overrides in repro.ABLATIONS:
+        repro.make_config(repro.SCALES["cpu"]["mnist_permute"], "sp_cacw", None, overrides)
     with pytest.raises(ConfigError, match="part"):
-        repro.run(seeds=1, out=tmp_path, parts="mnist_flip")
-    with pytest.raises(ConfigError, match="seeds"):
-        repro.run(seeds=0, out=tmp_path, parts="mnist_permute")
+        repro.run(seeds=1, out="unused", parts=("mnist_flip",))
+    with pytest.raises(ConfigError, match="size"):
+        repro.run(seeds=1, out="unused", size="huge")

@@ -1,22 +1,28 @@
-"""Shakespeare with FilFL's filtering set: part of the FilFL paper's own introduction.
+"""Shakespeare with FilFL's filtering set: parts of the FilFL paper's own introduction.
 
-FilFL's Shakespeare experiments (Fourati et al. 2024, section 5.1 and Fig. 8) filter on a small
-set from a *different distribution* than the clients' plays: 80-character windows of the
-paper's introduction (34, 17 or 8 samples). This module registers ``shakespeare_filfl``: the
+FilFL's Shakespeare experiments (Fourati, Kharrat, Aggarwal, Alouini and Canini, "FilFL: Client
+Filtering for Optimized Client Participation in Federated Learning", ECAI 2024, arXiv:2302.06599;
+section 5.1 and Fig. 8) filter on a small set from a *different distribution* than the clients'
+plays: 80-character windows of the paper's introduction (34, 17 or 8 samples), with the next
+character as the target, in LEAF's vocabulary. This module registers ``shakespeare_filfl``: the
 ``shakespeare`` data set of the engine (one client per speaking role) whose server-held set
-(``server_x``/``server_y``) holds ``filter_samples`` consecutive windows of that text, taken
-every ``filter_stride`` characters (non-overlapping by default), with the next character as the
-target, in LEAF's vocabulary.
+(``server_x``/``server_y``) is that filtering set. Two texts (``filter_text``):
 
-The text is the first paragraphs of the paper's Introduction (CC BY-NC 4.0, Fourati, Kharrat,
-Aggarwal, Alouini and Canini, ECAI 2024), citations kept, a footnote mark and LaTeX dropped.
-The paper's exact selection (its appendix Table 3) is not available offline; these are the same
-paragraphs' opening 80-character windows.
+* ``introduction`` (default): ``filter_samples`` consecutive windows, every ``filter_stride``
+  characters (non-overlapping by default), of the first paragraphs of the ECAI paper's
+  Introduction (CC BY-NC 4.0; citations kept, a footnote mark and LaTeX dropped).
+* ``code``: the 34 windows and targets the reference code hard-codes (salmakh1/FilFL,
+  ``src/data/shakespeare_leaf.py`` lines 73-140, ``pub_data_x`` / ``pub_data_y``, commit
+  4465094): consecutive 80-character stretches of the arXiv version's abstract and introduction,
+  each cut into a 79-character window and its target (one character shorter than LEAF's
+  windows, as in the code; the LSTM reads any length), most likely the paper's appendix
+  Table 3. ``filter_samples`` takes the first ones.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 import jax.numpy as jnp
 import numpy as np
@@ -70,6 +76,63 @@ FILFL_INTRODUCTION = (
 )
 
 
+# salmakh1/FilFL src/data/shakespeare_leaf.py lines 73-140 (``pub_data_x``, ``pub_data_y``)
+CODE_FILTER_WINDOWS = (
+    "Federated learning has emerged as a promising machine learning paradigm that al",
+    "ows collaborative training across distributed clients while keeping their data ",
+    "ocal. However, the success of federated learning heavily relies on overcoming t",
+    "e challenges of training with a large number of clients and non-iid data, which",
+    "often leads to unstable and slow convergence and suboptimal model performance. ",
+    "o address these challenges, many client selection methods have been proposed to",
+    "optimize partial client participation and mitigate the impact of heterogeneous ",
+    "lients. However, these methods only select participants from the pool of availa",
+    "le clients without considering whether the cohort of clients selected at each r",
+    "und contains the most suitable ones.\nIn this context, we introduce a novel appr",
+    "ach called FilFL, which proposes a client filtering procedure to identify the c",
+    "ients that should be considered at each stage of the training process. FilFL di",
+    "cards clients that are likely to have only marginal improvements in the trained",
+    "model compared to other more promising clients. The assessment of client improv",
+    "ment uses a public dataset held by the FL server to gauge the representativenes",
+    " of different local client data towards global model performance.\nThe main cont",
+    "ibution of our work lies in proposing a yet unexplored approach to optimize cli",
+    "nt participation in federated learning, based on joint representativeness of th",
+    " overall data. This approach identifies a subset of collaborative clients that ",
+    "re filtered based on their suitability as an addition to the other available cl",
+    "ents. The proposed filtering algorithm discards a client when it is not suitabl",
+    " for the given stage of the training process but keeps it available for later r",
+    "unds.\nTo filter clients, we define a non-monotone combinatorial maximization pr",
+    "blem, and propose a randomized greedy filtering algorithm that adapts the best ",
+    "heoretical guarantees for offline and online submodular maximization. Our appro",
+    "ch not only promises to improve the convergence and performance of federated le",
+    "rning, but it also ensures the privacy and security of the client data. Overall",
+    " our work presents a novel and promising solution for optimizing client partici",
+    "ation in federated learning and contributes to advancing the state-of-the-art i",
+    " this important research direction.\nWe introduce client filtering in FL (or Fil",
+    "L), which incorporates client filtering into the most widely studied FL scheme,",
+    "federated averaging (FedAvg). We first present a combinatorial objective for cl",
+    "ent filtering. We then present the randomized greedy algorithm that periodicall",
+    " optimizes the objective by selecting a filtered subset of clients to be used f",
+)
+CODE_FILTER_TARGETS = (
+    "l", "l", "h", " ", "T", " ", "c", "b", "o", "o", "l", "s", " ", "e", "s", "r", "e",
+    "e", "a", "i", "e", "o", "o", "t", "a", "a", ",", "p", "n", "F", " ", "i", "y", "o",
+)  # fmt: skip
+FILTER_TEXTS = ("introduction", "code")
+
+
+def code_windows(num_samples: int = len(CODE_FILTER_WINDOWS)) -> tuple[np.ndarray, np.ndarray]:
+    """The first ``num_samples`` of the reference code's 34 filtering windows
+    (uint8[num_samples, 79]) and targets (int32[num_samples]), in LEAF's vocabulary."""
+    if not 1 <= num_samples <= len(CODE_FILTER_WINDOWS):
+        raise ConfigError(
+            f"the reference code's filtering set has {len(CODE_FILTER_WINDOWS)} windows; "
+            f"filter_samples={num_samples} must lie in [1, {len(CODE_FILTER_WINDOWS)}]"
+        )
+    x = np.stack([shakespeare.encode(w) for w in CODE_FILTER_WINDOWS[:num_samples]])
+    y = shakespeare.encode("".join(CODE_FILTER_TARGETS[:num_samples])).astype(np.int32)
+    return x, y
+
+
 def text_windows(
     text: str, num_samples: int, seq_len: int = shakespeare.SEQ_LEN, stride: int | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -87,15 +150,22 @@ def text_windows(
     return x[:num_samples], y[:num_samples]
 
 
+def with_server_set(
+    ds: FederatedDataset, x: np.ndarray, y: np.ndarray, source: str
+) -> FederatedDataset:
+    """``ds`` with the server-held set ``(x, y)``: token windows (the character LSTM reads
+    sequences of any length) and their next-character targets."""
+    info = dict(ds.info, server_set=source, num_server_examples=int(len(y)))
+    return dataclasses.replace(ds, server_x=jnp.asarray(x), server_y=jnp.asarray(y), info=info)
+
+
 def with_text_server_set(
     ds: FederatedDataset, text: str, num_samples: int, stride: int | None = None
 ) -> FederatedDataset:
     """``ds`` with a server-held set made of windows of ``text`` (same window length as the
     clients' examples)."""
-    seq_len = int(ds.input_shape[0])
-    x, y = text_windows(text, num_samples, seq_len, stride)
-    info = dict(ds.info, server_set="text", num_server_examples=int(len(y)))
-    return dataclasses.replace(ds, server_x=jnp.asarray(x), server_y=jnp.asarray(y), info=info)
+    x, y = text_windows(text, num_samples, int(ds.input_shape[0]), stride)
+    return with_server_set(ds, x, y, "text")
 
 
 _BASE = DATASETS["shakespeare"]
@@ -122,6 +192,7 @@ def _shakespeare_filfl(
     min_examples: int = 64,
     filter_samples: int = 34,
     filter_stride: int | None = None,
+    filter_text: Literal["introduction", "code"] = "introduction",
 ):
     ds = DATASETS.build(
         "shakespeare",
@@ -137,5 +208,16 @@ def _shakespeare_filfl(
         min_examples=min_examples,
     )
     ds = dataclasses.replace(ds, name="shakespeare_filfl")
+    if filter_text == "code":
+        if filter_stride is not None:
+            raise ConfigError(
+                "shakespeare_filfl: filter_stride applies to filter_text=introduction, not code"
+            )
+        x, y = code_windows(int(filter_samples))
+        return with_server_set(ds, x, y, "code")
+    if filter_text != "introduction":
+        raise ConfigError(
+            f"shakespeare_filfl filter_text must be one of {FILTER_TEXTS}, got {filter_text!r}"
+        )
     stride = None if filter_stride is None else int(filter_stride)
     return with_text_server_set(ds, FILFL_INTRODUCTION, int(filter_samples), stride)

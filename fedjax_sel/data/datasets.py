@@ -299,6 +299,7 @@ def _leaf_synthetic(
     dim: int = 60,
     num_classes: int = 10,
     max_examples: int | None = None,
+    examples_per_client: int | None = None,
 ):
     _no_data_path("leaf_synthetic", data_path)
     if partition != "natural":
@@ -313,6 +314,7 @@ def _leaf_synthetic(
         num_classes=int(num_classes),
         iid=bool(iid),
         max_examples=None if max_examples is None else int(max_examples),
+        examples_per_client=None if examples_per_client is None else int(examples_per_client),
     )
     parts = partition_by_client(client, num_clients)
     return _assemble(
@@ -349,7 +351,10 @@ def _regression(
     dim: int = 1,
     intercept: bool = False,
     examples_per_client: int = 100,
+    theta_scale: float = 1.0,
 ):
+    """``theta_scale`` (ours) multiplies the law of the regression vectors, so every MSE scales
+    by its square (:func:`~fedjax_sel.data.synthetic.clustered_regression`)."""
     _no_data_path("regression", data_path)
     if partition != "natural":
         raise ConfigError("regression generates its own clients; its partition is 'natural'")
@@ -360,6 +365,7 @@ def _regression(
         dim=int(dim),
         intercept=bool(intercept),
         examples_per_client=int(examples_per_client),
+        theta_scale=float(theta_scale),
     )
     return _assemble(
         "regression",
@@ -376,6 +382,7 @@ def _regression(
             "source": "generated",
             "num_clusters": int(num_clusters),
             "intercept": bool(intercept),
+            "theta_scale": float(theta_scale),
             "cluster": cluster.tolist(),
         },
     )

@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,8 +17,18 @@ import numpy as np
 from fedjax_sel.base import ConfigError, PRNGKey
 
 
-def leaf_synthetic_sizes(key: PRNGKey, num_clients: int, max_examples: int | None = None):
-    """Client sizes ``floor(LogNormal(4, 2)) + 50`` (FedProx), optionally capped."""
+def leaf_synthetic_sizes(
+    key: PRNGKey,
+    num_clients: int,
+    max_examples: int | None = None,
+    examples_per_client: int | None = None,
+):
+    """Client sizes ``floor(LogNormal(4, 2)) + 50`` (FedProx), optionally capped; or
+    ``examples_per_client`` for every client (equal sizes, no LogNormal skew)."""
+    if examples_per_client is not None:
+        if examples_per_client < 2:
+            raise ConfigError(f"examples_per_client must be >= 2, got {examples_per_client}")
+        return np.full(num_clients, int(examples_per_client), np.int64)
     sizes = jnp.floor(jnp.exp(4.0 + 2.0 * jax.random.normal(key, (num_clients,)))) + 50
     if max_examples is not None:
         sizes = jnp.minimum(sizes, max_examples)
@@ -33,6 +45,7 @@ def leaf_synthetic(
     num_classes: int = 10,
     iid: bool = False,
     max_examples: int | None = None,
+    examples_per_client: int | None = None,
     chunk_rows: int = 16384,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """LEAF Synthetic(alpha, beta).
@@ -41,7 +54,9 @@ def leaf_synthetic(
     ``W_k ~ N(u_k, 1)^{dim x C}``, ``b_k ~ N(u_k, 1)^C``; examples ``x ~ N(v_k, Sigma)`` with
     ``Sigma = diag((j + 1)^-1.2)``, labels ``argmax(x W_k + b_k)``. In the IID variant all
     clients share one ``W, b`` and ``v_k = 0``. Note that ``alpha = 0`` does not make clients
-    identical: each still draws its own ``W_k``.
+    identical: each still draws its own ``W_k``. Sizes: ``floor(LogNormal(4, 2)) + 50``
+    (capped at ``max_examples``), or ``examples_per_client`` each (CA-Fed's reference code
+    gives every client the same size).
 
     Returns:
       ``(x float32[N, dim], y int32[N], client int32[N])``, rows grouped by client.
@@ -51,7 +66,7 @@ def leaf_synthetic(
     if alpha < 0 or beta < 0:
         raise ConfigError(f"leaf_synthetic alpha and beta must be >= 0, got {alpha}, {beta}")
     ks = jax.random.split(key, 9)
-    sizes = leaf_synthetic_sizes(ks[0], num_clients, max_examples)
+    sizes = leaf_synthetic_sizes(ks[0], num_clients, max_examples, examples_per_client)
     u = alpha * jax.random.normal(ks[1], (num_clients,))
     big_b = beta * jax.random.normal(ks[2], (num_clients,))
     if iid:
@@ -84,6 +99,51 @@ def leaf_synthetic(
     return np.concatenate(xs).astype(np.float32), np.concatenate(ys), client
 
 
+class RegressionClusters(NamedTuple):
+    """The cluster parameters of :func:`clustered_regression` (``J`` clusters): input means
+    ``x_mean`` float32[J, dim] and standard deviations ``x_std`` float32[J]; regression-vector
+    means ``theta_mean`` float32[J, D] and standard deviations ``theta_std`` float32[J]."""
+
+    x_mean: jax.Array
+    x_std: jax.Array
+    theta_mean: jax.Array
+    theta_std: jax.Array
+
+
+def regression_clusters(
+    key: PRNGKey,
+    num_clusters: int,
+    *,
+    dim: int = 1,
+    intercept: bool = False,
+    x_mean_range: float = 3.0,
+    x_std_range: tuple[float, float] = (0.5, 1.5),
+    theta_mean_range: float = 3.0,
+    theta_std_range: tuple[float, float] = (0.1, 0.5),
+    theta_scale: float = 1.0,
+) -> RegressionClusters:
+    """The cluster parameters :func:`clustered_regression` draws from ``key`` (the same key
+    gives the same parameters): ``theta_x_j ~ U(-x_mean_range, x_mean_range)^dim``,
+    ``sigma_x_j ~ U(*x_std_range)``, and ``theta_scale`` times
+    ``theta_bar_j ~ U(-theta_mean_range, theta_mean_range)^D`` and
+    ``sigma_theta_j ~ U(*theta_std_range)``."""
+    if not (isinstance(theta_scale, (int, float)) and theta_scale > 0):
+        raise ConfigError(f"theta_scale must be a number > 0, got {theta_scale!r}")
+    big_d = dim + int(intercept)
+    ks = jax.random.split(key, 8)
+    x_mean = jax.random.uniform(
+        ks[1], (num_clusters, dim), minval=-x_mean_range, maxval=x_mean_range
+    )
+    x_std = jax.random.uniform(ks[2], (num_clusters,), minval=x_std_range[0], maxval=x_std_range[1])
+    th_mean = jax.random.uniform(
+        ks[3], (num_clusters, big_d), minval=-theta_mean_range, maxval=theta_mean_range
+    )
+    th_std = jax.random.uniform(
+        ks[4], (num_clusters,), minval=theta_std_range[0], maxval=theta_std_range[1]
+    )
+    return RegressionClusters(x_mean, x_std, theta_scale * th_mean, theta_scale * th_std)
+
+
 def clustered_regression(
     key: PRNGKey,
     num_clients: int = 100,
@@ -96,6 +156,7 @@ def clustered_regression(
     x_std_range: tuple[float, float] = (0.5, 1.5),
     theta_mean_range: float = 3.0,
     theta_std_range: tuple[float, float] = (0.1, 0.5),
+    theta_scale: float = 1.0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """FedCVR-Bolt's clustered linear regression (``papers/fedcvr_bolt.txt`` appendix C.3).
 
@@ -105,10 +166,13 @@ def clustered_regression(
     constant feature 1 appended to x when ``intercept``, so the model has D = dim + 1
     coefficients). ``J = 1`` is the IID case.
 
-    The paper says only that cluster parameters are drawn by "uniform sampling routines"; ours:
-    ``theta_x_j ~ U(-x_mean_range, x_mean_range)^dim``, ``sigma_x_j ~ U(*x_std_range)``,
-    ``theta_bar_j ~ U(-theta_mean_range, theta_mean_range)^D``,
-    ``sigma_theta_j ~ U(*theta_std_range)``.
+    The paper says only that cluster parameters are drawn by "uniform sampling routines"; ours
+    are :func:`regression_clusters`'s. ``theta_scale`` (ours) multiplies the whole law of the
+    regression vectors (``theta_bar_j`` and ``sigma_theta_j``): the inputs stay the same and
+    the targets, for the same key, are exactly ``theta_scale`` times those of scale 1, so every
+    MSE scales by ``theta_scale^2`` (the best one-cluster no-intercept fit leaves
+    ``theta_scale^2 sigma_theta^2 (theta_x^2 + sigma_x^2)``). The paper does not give its data
+    scale; this option lets its Table 1 magnitudes be matched.
 
     Returns:
       ``(x float32[N, D], y float32[N], client int32[N], cluster int32[K])``.
@@ -120,25 +184,26 @@ def clustered_regression(
     if examples_per_client < 2:
         raise ConfigError(f"examples_per_client must be >= 2, got {examples_per_client}")
     big_d = dim + int(intercept)
-    ks = jax.random.split(key, 8)
+    params = regression_clusters(
+        key,
+        num_clusters,
+        dim=dim,
+        intercept=intercept,
+        x_mean_range=x_mean_range,
+        x_std_range=x_std_range,
+        theta_mean_range=theta_mean_range,
+        theta_std_range=theta_std_range,
+        theta_scale=theta_scale,
+    )
+    ks = jax.random.split(key, 8)  # ks[1..4] drew the cluster parameters
     cluster = jax.random.randint(ks[0], (num_clients,), 0, num_clusters)
-    x_mean = jax.random.uniform(
-        ks[1], (num_clusters, dim), minval=-x_mean_range, maxval=x_mean_range
-    )
-    x_std = jax.random.uniform(ks[2], (num_clusters,), minval=x_std_range[0], maxval=x_std_range[1])
-    th_mean = jax.random.uniform(
-        ks[3], (num_clusters, big_d), minval=-theta_mean_range, maxval=theta_mean_range
-    )
-    th_std = jax.random.uniform(
-        ks[4], (num_clusters,), minval=theta_std_range[0], maxval=theta_std_range[1]
-    )
     n = num_clients * examples_per_client
     client = jnp.repeat(jnp.arange(num_clients, dtype=jnp.int32), examples_per_client)
     j = cluster[client]
-    x = x_mean[j] + x_std[j, None] * jax.random.normal(ks[5], (n, dim))
+    x = params.x_mean[j] + params.x_std[j, None] * jax.random.normal(ks[5], (n, dim))
     if intercept:
         x = jnp.concatenate([x, jnp.ones((n, 1))], axis=1)
-    theta = th_mean[j] + th_std[j, None] * jax.random.normal(ks[6], (n, big_d))
+    theta = params.theta_mean[j] + params.theta_std[j, None] * jax.random.normal(ks[6], (n, big_d))
     y = jnp.sum(theta * x, axis=1)
     return (
         np.asarray(x, np.float32),

@@ -112,6 +112,20 @@ def strip_timings(obj: Any) -> Any:
     return obj
 
 
+def new_figure(width: float, height: float):
+    """A matplotlib figure detached from pyplot: saving it needs no backend, and a notebook's
+    inline plotting is left as it was (``matplotlib.use("Agg")`` would switch it off)."""
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height))
+
+
+def subplots(*grid: int, figsize: tuple[float, float], **kwargs):
+    """``plt.subplots`` on a :func:`new_figure`: ``(figure, axes)``, no pyplot state."""
+    fig = new_figure(*figsize)
+    return fig, fig.subplots(*grid, **kwargs)
+
+
 def plot_curves(
     curves: Mapping[str, Sequence[Mapping[str, Any]]],
     path: str | Path,
@@ -123,15 +137,13 @@ def plot_curves(
 ) -> Path:
     """Test accuracy (or loss) and training loss against ``x`` (rounds), one line per run;
     ``bands`` adds a shaded interval (e.g. a 95% CI over seeds) around a run's line."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig = new_figure(11, 4)
+    axes = fig.subplots(1, 2)
     metric = "test_accuracy" if task == "classification" else "test_loss"
+    # simulated time reads best in hours
+    scale, xlabel = (3600.0, "simulated hours") if x == "sim_time_s" else (1.0, x.replace("_", " "))
     for name, evals in curves.items():
-        xs = [e[x] for e in evals]
+        xs = [e[x] / scale for e in evals]
         ys = [np.nan if e.get(metric) is None else e[metric] for e in evals]
         (line,) = axes[0].plot(xs, ys, label=name)
         if bands and name in bands:
@@ -139,9 +151,9 @@ def plot_curves(
             axes[0].fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2)
         train = [np.nan if e.get("train_loss") is None else e["train_loss"] for e in evals]
         axes[1].plot(xs, train, label=name)
-    axes[0].set_xlabel(x.replace("_", " "))
+    axes[0].set_xlabel(xlabel)
     axes[0].set_ylabel("test accuracy" if task == "classification" else "test loss (MSE)")
-    axes[1].set_xlabel(x.replace("_", " "))
+    axes[1].set_xlabel(xlabel)
     axes[1].set_ylabel("training loss")
     losses = [e.get("train_loss") for ev in curves.values() for e in ev]
     finite = [v for v in losses if v is not None and math.isfinite(v)]
@@ -155,7 +167,6 @@ def plot_curves(
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
 
 

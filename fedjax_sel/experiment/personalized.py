@@ -3,11 +3,19 @@
 Each evaluation record holds the mean over targets of every per-target metric (so tables,
 sweeps and ``compare`` treat a personalized run like any other), the worst target's accuracy,
 the per-target values under ``per_target`` and, for peer-weighting methods, the weights
-``[targets, clients]`` under ``weights``. A round is one lazy-update period.
+``[targets, clients]`` under ``weights`` and the method's own quantities: the weight on the
+target itself, on its own true cluster and on peers never observed, the fraction of clients
+observed, ``L eta`` and whether the risk bound's premise held (``bound_premise``; the
+``risk_bound`` is reported only for targets where it did). ``diagnostics`` holds the chunk's
+per-epoch means (:func:`epoch_diagnostics`). A round is one lazy-update period.
+
+Seeds of one configuration with one data seed reuse one built (and compiled) program: the
+programs take the seed only in ``init``.
 """
 
 from __future__ import annotations
 
+import collections
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,10 +25,16 @@ import numpy as np
 
 from fedjax_sel.config import RunConfig
 from fedjax_sel.data.datasets import FederatedDataset
-from fedjax_sel.experiment import run as run_lib
+from fedjax_sel.experiment import build as build_lib
+from fedjax_sel.experiment import loop as run_lib
 from fedjax_sel.experiment.outputs import CHECKPOINT, METRICS, dumps
 from fedjax_sel.metrics import nanmean
-from fedjax_sel.personalized.methods import build_program
+from fedjax_sel.personalized.methods import build_program, epoch_steps
+
+# (program key, data seed) -> (dataset, program): the last built programs, reused by the next
+# seed of the same configuration (a new program would compile again)
+_PROGRAMS: collections.OrderedDict = collections.OrderedDict()
+_PROGRAMS_KEPT = 2
 
 
 class PersonalizedEngine:
@@ -32,6 +46,7 @@ class PersonalizedEngine:
         self.program, self.state = program, state
         self.task = dataset.task
         self.clusters = dataset.info.get("cluster")
+        self.steps_per_epoch = epoch_steps(dataset, config.batch_size, None)
         self.logs: list = []
         self.evaluations = 0
 
@@ -42,6 +57,7 @@ class PersonalizedEngine:
             self.logs.append(log)
         fields = {"_client_updates": n * len(self.program.target_ids), "_bad_round": None}
         if log is not None:
+            fields["diagnostics"] = epoch_diagnostics(log)
             loss = np.asarray(log.train_loss)  # [n, T]
             fields["train_loss"] = float(nanmean(loss))
             bad = ~np.all(np.isfinite(loss), axis=1)
@@ -69,16 +85,43 @@ class PersonalizedEngine:
         }
 
     def describe(self) -> dict[str, Any]:
+        """``update_every`` steps per round, the median client's ``steps_per_epoch`` and their
+        ratio ``update_period_epochs`` (1 = the paper's once-per-epoch lazy update)."""
         return {
             "update_every": self.program.update_every,
+            "steps_per_epoch": self.steps_per_epoch,
+            "update_period_epochs": self.program.update_every / self.steps_per_epoch,
             "targets": self.program.target_ids.tolist(),
         }
+
+
+def epoch_diagnostics(log) -> dict[str, float]:
+    """Means over a chunk's epochs and targets of the peer methods' per-epoch quantities
+    (:class:`~fedjax_sel.personalized.simulator.EpochLog`): the smoothness estimate ``L``, the
+    step, ``L eta`` (and its largest value), ``lambda_reg``, the bound ``Phi(alpha)``, the
+    squared gradient norm estimate, the weight on unobserved peers and, at the chunk's end,
+    the fraction of targets whose risk-bound premise has held so far."""
+    lr_l = np.asarray(log.smoothness, np.float64) * np.asarray(log.lr, np.float64)
+    return {
+        "smoothness": float(nanmean(log.smoothness)),
+        "lr": float(nanmean(log.lr)),
+        "lr_times_smoothness": float(nanmean(lr_l)),
+        "lr_times_smoothness_max": float(np.nanmax(lr_l)),
+        "lam": float(nanmean(log.lam)),
+        "bound": float(nanmean(log.bound)),
+        "grad_norm_sq": float(nanmean(log.grad_norm_sq)),
+        "unobserved_weight": float(nanmean(log.unobserved_weight)),
+        "bound_premise": float(np.mean(np.asarray(log.premise)[-1])),
+    }
 
 
 def personalized_summary(records: list[dict[str, Any]], clusters, targets) -> dict[str, Any]:
     """End-of-run numbers: each target's metrics averaged over the evaluations in the last 20%
     of the run (at least the last one), then over targets; the weight each target puts on
-    itself and, with known clusters, on its own cluster."""
+    itself, on never-observed peers and, with known clusters, on its own cluster; and, for
+    peer methods, the risk bound's premise: ``bound_premise_fraction`` (targets whose ``L eta``
+    stayed within the premise at every step) and ``lr_times_smoothness_max``. ``risk_bound``
+    (the mean over those targets) is present only when some target's premise held."""
     rounds = np.asarray([r["round"] for r in records])
     keep = rounds > 0.8 * rounds[-1]
     keep[-1] = True
@@ -102,7 +145,47 @@ def personalized_summary(records: list[dict[str, Any]], clusters, targets) -> di
             c = np.asarray(clusters)
             same = c[ids][:, None] == c[None, :]
             out["own_cluster_mass"] = float(np.mean(np.sum(np.where(same, w, 0.0), axis=1)))
+    last = records[-1].get("per_target", {})
+    if "bound_premise" in last:
+        premise = np.asarray(last["bound_premise"], np.float64)
+        out["unobserved_weight"] = float(nanmean(np.asarray(last["unobserved_weight"], float)))
+        out["bound_premise_fraction"] = float(np.mean(premise))
+        out["lr_times_smoothness_max"] = float(np.max(last["lr_times_smoothness"]))
+        if np.any(premise > 0):  # the bound, and the observed risk, of those targets only
+            held = premise > 0
+            out["risk_bound"] = float(np.mean(np.asarray(last["risk_bound"], np.float64)[held]))
+            out["risk_bound_train_loss"] = float(
+                nanmean(np.asarray(last["train_loss"], np.float64)[held])
+            )
+            out["risk_bound_targets"] = int(np.sum(held))
     return out
+
+
+def cached_program(config: RunConfig, dataset: FederatedDataset | None = None):
+    """``(dataset, program)`` of ``config``: built, or the one built for an earlier seed of the
+    same configuration and data seed (``dataset`` given: always built on it)."""
+    data_seed = config.seed if config.data_seed is None else config.data_seed
+    key = (run_lib.program_key(config), data_seed)
+    if dataset is None and key in _PROGRAMS:
+        _PROGRAMS.move_to_end(key)
+        return _PROGRAMS[key]
+    given = dataset is not None
+    dataset = dataset if given else build_lib.load_data_for(config)
+    program = build_program(
+        config.strategy,
+        dataset,
+        build_lib.model_for(config, dataset),
+        lr=config.lr,
+        batch_size=config.batch_size,
+        update_every=config.local_steps,
+        seed=config.seed,
+        **dict(config.strategy_args),
+    )
+    if not given:
+        _PROGRAMS[key] = (dataset, program)
+        while len(_PROGRAMS) > _PROGRAMS_KEPT:
+            _PROGRAMS.popitem(last=False)
+    return dataset, program
 
 
 def run_personalized(
@@ -115,30 +198,18 @@ def run_personalized(
     echo: Callable = print,
     resume: bool = True,
 ) -> list[run_lib.RunResult]:
-    """Runs one personalized configuration through :func:`fedjax_sel.experiment.run.drive`."""
+    """Runs one personalized configuration through :func:`fedjax_sel.experiment.loop.drive`."""
     config.resolve()
-    dataset = dataset if dataset is not None else run_lib.load_data_for(config)
-    model = run_lib.model_for(config, dataset)
-    options = dict(config.strategy_args)
-    program = build_program(
-        config.strategy,
-        dataset,
-        model,
-        lr=config.lr,
-        batch_size=config.batch_size,
-        update_every=config.local_steps,
-        seed=config.seed,
-        **options,
-    )
-    member = run_lib._Member(config, None if out is None else Path(out), info=dict(info or {}))
+    dataset, program = cached_program(config, dataset)
+    member = run_lib.Member(config, None if out is None else Path(out), info=dict(info or {}))
     fresh = program.init(config.seed)
-    restored = run_lib._restore(member, fresh, echo) if resume else None
+    restored = run_lib.restore_member(member, fresh, echo) if resume else None
     if restored is None and member.out is not None:
         member.out.mkdir(parents=True, exist_ok=True)
         (member.out / METRICS).write_text("")
         (member.out / CHECKPOINT).unlink(missing_ok=True)
     engine = PersonalizedEngine(program, fresh if restored is None else restored, config, dataset)
-    run_lib._write_config(member, dataset, engine.describe())
+    run_lib.write_config(member, dataset, engine.describe())
     if restored is None:  # the initial model, evaluated (round 0)
         record = {"round": 0, **engine.evaluate()[0]}
         member.records.append(record)

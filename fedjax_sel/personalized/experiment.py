@@ -39,9 +39,11 @@ class MethodResult:
       method: the method's name; ``label`` a display name.
       steps: int[E] local SGD steps per client at each evaluation (0 = the initial model).
       metrics: name -> float[E, T] per-target values at each evaluation (``test_accuracy``,
-        ``test_loss``, ``train_loss``, ``train_accuracy``; peer methods add ``bound`` and
-        ``risk_bound`` and, with ``track_bound``, the exact terms ``bound_true``,
-        ``grad_error``, ``bias_term``, ``grad_norm_sq``).
+        ``test_loss``, ``train_loss``, ``train_accuracy``; peer methods add ``bound``,
+        ``risk_bound`` (NaN where its premise failed), ``bound_premise``,
+        ``lr_times_smoothness``, ``self_weight``, ``unobserved_weight``, ``observed_fraction``,
+        ``own_cluster_weight`` (clusters known) and, with ``track_bound``, the exact terms
+        ``bound_true``, ``grad_error``, ``bias_term``, ``grad_norm_sq``).
       target_ids: int[T].
       weights: float[E, T, K] peer weights at each evaluation (peer methods), else ``None``.
       logs: the per-epoch :class:`EpochLog` (peer methods), else ``None``.
@@ -110,8 +112,8 @@ def run_method(
         :meth:`PersonalizedSimulation.evaluate`).
       label: display name (default ``method``).
     """
+    from fedjax_sel.experiment.loop import Member, drive
     from fedjax_sel.experiment.personalized import PersonalizedEngine
-    from fedjax_sel.experiment.run import _Member, drive
 
     if method not in ALL_METHODS:
         raise ConfigError(f"unknown personalized method {method!r}; known: {ALL_METHODS}")
@@ -152,7 +154,7 @@ def run_method(
         checkpoint_every=0,
     )
     engine = PersonalizedEngine(program, program.init(seed), run, dataset)
-    member = _Member(run, None)
+    member = Member(run, None)
     member.records.append({"round": 0, **engine.evaluate()[0]})
     (result,) = drive(engine, [member], echo=lambda *_: None)
     return result_from_records(
@@ -218,8 +220,9 @@ def self_weight(weights: np.ndarray, target_ids: np.ndarray) -> np.ndarray:
 
 def summary_row(result: MethodResult) -> dict:
     """End-of-run numbers of one run: mean/min over targets of the final test accuracy, final
-    test loss, and for peer methods the weight on the target itself and (clusters known) on its
-    own cluster."""
+    test loss, and for peer methods the weight on the target itself, on never-observed peers
+    and (clusters known) on its own cluster, and the fraction of targets whose risk-bound
+    premise held throughout (``bound_premise``)."""
     acc = result.final("test_accuracy")
     row = {
         "method": result.label,
@@ -233,6 +236,9 @@ def summary_row(result: MethodResult) -> dict:
         w = result.weights[-1]
         row["self_weight"] = float(np.mean(self_weight(w, result.target_ids)))
         row["peers_with_weight"] = float(np.mean(np.sum(w > 1e-3, axis=1)))
+        if "bound_premise" in result.metrics:
+            row["bound_premise"] = float(np.mean(result.metrics["bound_premise"][-1]))
+            row["unobserved_weight"] = float(np.mean(result.metrics["unobserved_weight"][-1]))
         if result.clusters is not None:
             row["own_cluster_mass"] = float(
                 np.mean(own_cluster_mass(w, result.clusters, result.target_ids))

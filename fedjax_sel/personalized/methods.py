@@ -1,7 +1,7 @@
 """The personalized methods by name: SP-CACW, its peer-weighting baselines and the
 model-averaging baselines, each a factory returning a :class:`PersonalizedProgram`.
 
-``fedjax-sel run --mode personalized --strategy sp_cacw --strategy-arg solver=ftal ...`` and
+``fedjax-sel run --mode personalized --strategy sp_cacw --strategy-arg solver=pgd ...`` and
 sweeps reach them through :data:`PERSONALIZED_METHODS`; :func:`fedjax_sel.personalized.run_method`
 is the Python entry point. Every method counts time in local SGD steps per client: one step of
 a target, one local step of FedAvg/IFCA; a round (``rounds`` in the configuration) is one
@@ -96,6 +96,7 @@ def _peer_program(
     power_iters: int = _D.power_iters,
     init_weights: Literal["uniform", "self"] = _D.init_weights,
     debias: bool = _D.debias,
+    observed_only: bool = _D.observed_only,
     target_chunk: int | None = _D.target_chunk,
     track_bound: bool = False,
 ) -> PersonalizedProgram:
@@ -115,6 +116,7 @@ def _peer_program(
         power_iters=power_iters,
         init_weights=init_weights,
         debias=debias,
+        observed_only=observed_only,
         target_chunk=target_chunk,
     )
     sim = PersonalizedSimulation(dataset, model, config, targets=targets, clusters=clusters)

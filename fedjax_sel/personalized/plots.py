@@ -7,19 +7,12 @@ from pathlib import Path
 
 import numpy as np
 
+from fedjax_sel.experiment.outputs import subplots
+from fedjax_sel.metrics import nanmean
 from fedjax_sel.personalized.experiment import MethodResult
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _finish(plt, fig, axes, path: str | Path, title: str | None, xlabel: str) -> Path:
+def _finish(fig, axes, path: str | Path, title: str | None, xlabel: str) -> Path:
     """Labels, grids and legends every axis, titles the figure and saves it to ``path``."""
     for ax in axes:
         ax.set_xlabel(xlabel)
@@ -30,7 +23,6 @@ def _finish(plt, fig, axes, path: str | Path, title: str | None, xlabel: str) ->
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
 
 
@@ -39,8 +31,7 @@ def plot_target_curves(
 ) -> Path:
     """Test accuracy and test loss (mean over targets; band = min/max over seeds) against local
     SGD steps, one line per method; ``runs`` maps a label to its runs over seeds."""
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = subplots(1, 2, figsize=(11, 4))
     for label, results in runs.items():
         steps = results[0].steps
         for ax, metric in zip(axes, ("test_accuracy", "test_loss"), strict=True):
@@ -53,7 +44,7 @@ def plot_target_curves(
     axes[0].set_ylabel("target test accuracy (mean over targets)")
     axes[1].set_ylabel("target test loss (mean over targets)")
     axes[1].set_yscale("log")
-    return _finish(plt, fig, axes, path, title, "local SGD steps per client")
+    return _finish(fig, axes, path, title, "local SGD steps per client")
 
 
 def plot_weight_heatmap(
@@ -66,7 +57,6 @@ def plot_weight_heatmap(
     """Heatmap of the learned weights ``weights[T, K]`` (rows: targets, columns: clients),
     both sorted by true cluster when ``clusters`` is given, with cluster boundaries drawn:
     mass inside the diagonal blocks is weight on same-cluster peers."""
-    plt = _pyplot()
     k = weights.shape[1]
     col = np.arange(k) if clusters is None else np.argsort(np.asarray(clusters), kind="stable")
     tgt = np.asarray(target_ids)
@@ -75,7 +65,7 @@ def plot_weight_heatmap(
         if clusters is None
         else np.argsort(np.asarray(clusters)[tgt], kind="stable")
     )
-    fig, ax = plt.subplots(figsize=(6.5, 5.5))
+    fig, ax = subplots(figsize=(6.5, 5.5))
     im = ax.imshow(weights[row][:, col], cmap="viridis", aspect="auto", interpolation="nearest")
     fig.colorbar(im, ax=ax, label="weight alpha")
     if clusters is not None:
@@ -90,7 +80,6 @@ def plot_weight_heatmap(
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
 
 
@@ -98,10 +87,10 @@ def plot_bound(result: MethodResult, path: str | Path, title: str | None = None)
     """Left: the gradient-error bound as the method estimates it (``bound``), the same formula
     with exact full-data quantities (``bound_true``) and the exact gradient error
     ``E||G - grad f_0||^2`` (``grad_error``), means over targets. Right: the running risk bound
+    (mean over the targets whose premise ``L eta <= 1/2`` held; drawn only where some did)
     against the target's observed training risk (and test loss), means over targets."""
-    plt = _pyplot()
     m, steps = result.metrics, result.steps
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = subplots(1, 2, figsize=(11, 4))
     for name, label in (
         ("bound", "bound Phi (online estimates)"),
         ("bound_true", "bound Phi (exact B, v)"),
@@ -111,9 +100,13 @@ def plot_bound(result: MethodResult, path: str | Path, title: str | None = None)
             axes[0].plot(steps[1:], np.nanmean(m[name], 1)[1:], label=label, marker=".")
     axes[0].set_yscale("log")
     axes[0].set_ylabel("gradient-error terms (mean over targets)")
-    axes[1].plot(steps, np.nanmean(m["risk_bound"], 1), label="running risk bound U_t")
+    risk = nanmean(m["risk_bound"], axis=1)  # NaN where no target's premise held
+    if np.any(np.isfinite(risk)):
+        axes[1].plot(steps, risk, label="running risk bound U_t (premise held)")
+    else:
+        axes[1].set_title("no risk bound: L eta > 1/2, its premise failed", fontsize=9)
     axes[1].plot(steps, np.nanmean(m["train_loss"], 1), label="observed train risk f_0(w_t)")
     axes[1].plot(steps, np.nanmean(m["test_loss"], 1), label="test loss", ls="--")
     axes[1].set_ylabel("risk (mean over targets)")
     title = title or f"{result.label}: how tight is the bound?"
-    return _finish(plt, fig, axes, path, title, "local SGD steps")
+    return _finish(fig, axes, path, title, "local SGD steps")

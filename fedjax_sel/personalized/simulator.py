@@ -6,22 +6,30 @@ SP-CACW (``papers/sp_cacw.txt``, Algorithm 1 and appendices D-F) at every step t
    the target always) returns a stochastic gradient ``g_i`` of its own loss at ``w_t``;
 2. tracks each peer's bias by an EMA, ``b_i <- (1 - beta) b_i + beta (g_i - g_0)``;
 3. aggregates ``G_t = sum_i alpha_i z_i / p_i g_i`` and steps ``w_{t+1} = w_t - eta G_t``;
-4. once per local epoch (lazy weight updates), re-estimates the smoothness ``L`` by power
-   iteration with Hessian-vector products and sets ``alpha`` by minimising the bound
-   ``alpha^T H alpha + lambda_reg sum alpha^3`` over the simplex (:mod:`.weighting`).
+4. every ``update_every`` steps (lazy weight updates; the paper: once per local epoch),
+   re-estimates the smoothness ``L`` by power iteration with Hessian-vector products and sets
+   ``alpha`` from the bound ``alpha^T H alpha + lambda_reg sum alpha^3`` over the simplex: by
+   follow-the-approximate-leader over the history of bounds (the paper's rule, default) or by
+   minimising the latest bound (``solver="pgd"``), see :mod:`.weighting`. Only peers observed
+   at least once may get weight: an unobserved peer has no estimates yet (``H_ii = 0``).
 
 Everything runs for every target at once: targets are independent, so one target's whole run
 (``lax.scan`` over steps and epochs) is vmapped over targets (or ``lax.map``-ed in chunks of
 ``target_chunk`` to bound memory), and inside a target the M peer gradients are one vmap.
 Parameters are flattened (``ravel_pytree``) so that gradients, biases and EMAs are plain
-``float32[M, d]`` arrays. All randomness is ``fold_in(fold_in(fold_in(seed key, purpose),
-step), target client id)`` (then the peer id), so a target's run does not depend on which other
+``float32[M, d]`` arrays. Client i's minibatch at step t is drawn with ``fold_in(fold_in(
+fold_in(seed key, purpose), step), i)``, shared by every target that queries client i at that
+step (so it is gathered once, not once per target); participation draws and power-iteration
+vectors also fold in the target's id. A target's run therefore does not depend on which other
 targets are simulated alongside it.
 
 The per-peer minibatch variance ``sigma_i^2`` comes for free from two half-batch gradients:
 ``g = (g_a + g_b) / 2`` and ``E ||g_a - g_b||^2 / 4 = Var(g)`` when the halves are independent
 (positions drawn with replacement); ``<g_a, g_b>`` is an unbiased estimate of
-``||grad f_0(w_t)||^2``, which feeds the running risk bound (see :class:`TargetState`).
+``||grad f_0(w_t)||^2``, which feeds the running risk bound (see :class:`TargetState`). That
+bound is a descent guarantee only while ``a = 1 - 2 L eta >= 0`` (``L eta <= 1/2``; ``L eta <= 1``
+for ``bound="descent"``, whose derivation needs ``eta <= 1/L``): each target records whether this
+premise held at every step so far, and its risk bound is reported only where it did.
 
 Baseline weightings share this machinery: ``local`` (only the target's own gradient),
 ``uniform`` (1/M), ``oracle`` (uniform over the target's true cluster) and ``similarity``
@@ -69,18 +77,24 @@ class PersonalizedConfig:
         makes the bound a valid descent guarantee.
       batch_size: even minibatch size (two independent halves estimate the variance).
       update_every: steps between weight updates (lazy updates; the paper: one local epoch).
-        ``None``: one epoch of the median client, ``ceil(median n_k / batch_size)``.
+        ``None``: one epoch of the median client, ``ceil(median n_k / batch_size)``; a number
+        is that many steps, whatever fraction of an epoch it is (the summaries report the
+        fraction as ``update_period_epochs``).
       ema: the bias EMA rate ``beta`` (also used for the variance and norm EMAs).
       participation: ``p``, each peer's Bernoulli participation probability (1/p scaling);
         the target always computes its own gradient.
       bound: ``appendix_d`` (the paper's) or ``descent`` (see :mod:`.weighting`).
       reg_gamma: ``gamma`` in ``lambda_reg = gamma * sigma_0^2`` (paper: 1).
-      solver: ``pgd`` (argmin of the current bound) or ``ftal``.
+      solver: ``ftal`` (the paper's rule: follow-the-approximate-leader over the history of
+        bounds) or ``pgd`` (argmin of the latest bound only).
       pgd_steps: projected-gradient iterations per weight update.
       power_iters: power iterations (Hessian-vector products) per smoothness estimate.
       init_weights: ``uniform`` or ``self`` (all weight on the target) before the first update.
       debias: subtract the EMA's own noise from ``B^T B`` (:func:`.weighting.ema_noise_gram`);
         the paper's plug-in estimate is ``False``.
+      observed_only: only peers observed at least once may get weight (``sp_cacw``,
+        ``similarity``): the fix of the partial-participation bug. ``False`` restores the
+        behaviour before the fix (never-observed peers look ideal), for the ablation only.
       target_chunk: simulate targets in chunks of this many (``lax.map``), ``None`` = all at
         once (``vmap``); same results either way.
     """
@@ -94,11 +108,12 @@ class PersonalizedConfig:
     participation: float = 1.0
     bound: str = "appendix_d"
     reg_gamma: float = 1.0
-    solver: str = "pgd"
+    solver: str = "ftal"
     pgd_steps: int = 200
     power_iters: int = 20
     init_weights: str = "uniform"
     debias: bool = False
+    observed_only: bool = True
     target_chunk: int | None = None
 
     def validate(self) -> PersonalizedConfig:
@@ -156,6 +171,9 @@ class TargetState:
       risk_bound: the running upper bound of the target's risk,
         ``f_0(w_0) + sum_s eta/2 (Phi_s(alpha_s) - a ||grad f_0(w_s)||^2)`` with every quantity
         estimated online (plug-in, so an estimate of a bound, not a certificate).
+      premise: bool, whether ``L eta <= 1/2`` (``a >= 0``; ``<= 1`` for ``bound="descent"``)
+        held, with the estimated ``L``, at every step so far: where it failed the running
+        risk bound is no descent guarantee and is not reported.
       ftal_quad, ftal_lin: FTAL's accumulated surrogate (``solver="ftal"``).
     """
 
@@ -171,6 +189,7 @@ class TargetState:
     lam: Array
     bound: Array
     risk_bound: Array
+    premise: Array
     ftal_quad: Array
     ftal_lin: Array
 
@@ -188,10 +207,12 @@ class PersonalizedState:
 class EpochLog(NamedTuple):
     """Per epoch and target (arrays ``[epochs, T, ...]`` on the host).
 
-    ``alpha [.., P]`` after the epoch's weight update; ``bound``, ``risk_bound``, ``lam``,
-    ``smoothness``, ``lr`` as in :class:`TargetState`; ``train_loss`` the mean minibatch loss
-    of the target's own gradients over the epoch; ``grad_norm_sq`` the mean unbiased estimate
-    of ``||grad f_0(w_t)||^2``.
+    ``alpha [.., P]`` after the epoch's weight update; ``bound``, ``lam``, ``smoothness``,
+    ``lr``, ``premise`` as in :class:`TargetState`; ``risk_bound`` likewise, NaN where the
+    premise has failed; ``train_loss`` the mean minibatch loss of the target's own gradients
+    over the epoch; ``grad_norm_sq`` the mean unbiased estimate of ``||grad f_0(w_t)||^2``;
+    ``unobserved_weight`` the weight on peers not observed yet (0 by construction: the check
+    of the partial-participation fix).
     """
 
     alpha: Array
@@ -202,6 +223,8 @@ class EpochLog(NamedTuple):
     lr: Array
     train_loss: Array
     grad_norm_sq: Array
+    premise: Array
+    unobserved_weight: Array
 
 
 def _ema(old: Array, obs: Array, beta: float, first: Array, on: Array) -> Array:
@@ -291,16 +314,15 @@ class PersonalizedSimulation:
 
     def _peer_grads(self, theta: Array, data: ClientData, peer: Array, key: PRNGKey):
         """Two half-batch gradients of ``peer``'s loss at ``theta``: losses float32[2] and
-        gradients float32[2, d] (one forward pass, two backward passes)."""
+        gradients float32[2, d] (the first and the second ``batch_size / 2`` positions of one
+        draw, each half its own forward and backward pass)."""
         b = self.config.batch_size
         x, y, _ = self._batch(data, peer, key, b)
-        halves = jnp.stack([jnp.arange(b) < b // 2, jnp.arange(b) >= b // 2]).astype(jnp.float32)
-
-        def half_losses(th):
-            out = jax.vmap(lambda w: self._loss(th, x, y, w))(halves)
-            return out, out
-
-        grads, losses = jax.jacrev(half_losses, has_aux=True)(theta)
+        x = x.reshape((2, b // 2) + x.shape[1:])
+        y = y.reshape((2, b // 2) + y.shape[1:])
+        ones = jnp.ones((b // 2,), jnp.float32)
+        value_and_grad = jax.value_and_grad(lambda th, xh, yh: self._loss(th, xh, yh, ones))
+        losses, grads = jax.vmap(value_and_grad, in_axes=(None, 0, 0))(theta, x, y)
         return losses, grads
 
     def _smoothness(self, theta: Array, data: ClientData, client: Array, key: PRNGKey) -> Array:
@@ -330,6 +352,13 @@ class PersonalizedSimulation:
             lr = jnp.minimum(cfg.lr, 1.0 / jnp.maximum(c * smoothness, 1e-12))
         a, c_b = weighting.bound_coefficients(cfg.bound, smoothness * lr)
         return lr, a, c_b
+
+    def _premise(self, lr_times_l: Array) -> Array:
+        """Whether ``L eta`` keeps the bound a descent guarantee: ``a = 1 - 2 L eta >= 0`` for
+        ``appendix_d``, ``eta <= 1/L`` for ``descent`` (a relative float32 slack, so that
+        ``lr_rule="smoothness"``'s ``eta = 1/(c L)`` passes)."""
+        limit = 1.0 if self.config.bound == "descent" else 0.5
+        return lr_times_l <= limit * (1.0 + 1e-5)
 
     def _initial_alpha(self, target: Array, peers: Array) -> Array:
         cfg, p = self.config, self.num_peers
@@ -364,6 +393,7 @@ class PersonalizedSimulation:
                 lam=zero,
                 bound=zero,
                 risk_bound=f0,
+                premise=jnp.ones((), bool),
                 ftal_quad=jnp.zeros((p, p), jnp.float32),
                 ftal_lin=jnp.zeros((p,), jnp.float32),
             )
@@ -373,13 +403,18 @@ class PersonalizedSimulation:
     def _step(self, ts: TargetState, t: Array, target, peers, self_idx, key, data):
         """One SGD step of one target (Algorithm 1, lines 3-6)."""
         cfg = self.config
-        k = jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(key, _STEP), t), target)
-        peer_keys = jax.vmap(lambda q: jax.random.fold_in(k, q))(peers)
+        k_step = jax.random.fold_in(jax.random.fold_in(key, _STEP), t)
+        # A client's minibatch at step t depends on (t, client) only: every target that
+        # queries it gets the same one (each target's run has the same law as alone, and the
+        # batch is gathered once for all targets: no target axis when every client is a peer).
+        batch_of = jnp.arange(self.num_clients) if self.num_peers > 1 else peers
+        batch_keys = jax.vmap(lambda q: jax.random.fold_in(k_step, q))(batch_of)
         losses, grads = jax.vmap(self._peer_grads, in_axes=(None, None, 0, 0))(
-            ts.params, data, peers, jax.vmap(lambda q: jax.random.fold_in(q, 0))(peer_keys)
+            ts.params, data, batch_of, batch_keys
         )
+        k = jax.random.fold_in(k_step, target)
         p_i = self._participation(peers, target)
-        draws = jax.vmap(lambda q: jax.random.uniform(jax.random.fold_in(q, 1)))(peer_keys)
+        draws = jax.vmap(lambda q: jax.random.uniform(jax.random.fold_in(k, q)))(peers)
         z = (draws < p_i) | (peers == target)
         g = 0.5 * (grads[:, 0] + grads[:, 1])  # [P, d]
         var_obs = 0.25 * jnp.sum(jnp.square(grads[:, 0] - grads[:, 1]), axis=1)
@@ -407,6 +442,7 @@ class PersonalizedSimulation:
             sq_norm=sq_norm,
             num_obs=ts.num_obs + z.astype(jnp.int32),
             risk_bound=risk,
+            premise=ts.premise & self._premise(ts.smoothness * ts.lr),
         )
         return ts, (jnp.mean(losses[self_idx]), grad_norm_sq)
 
@@ -420,16 +456,22 @@ class PersonalizedSimulation:
         v = weighting.peer_variances(ts.var, ts.sq_norm, self._participation(peers, target))
         lam = weighting.regularization(cfg.reg_gamma, ts.var[self_idx])
         alpha, quad, lin = ts.alpha, ts.ftal_quad, ts.ftal_lin
+        # A peer never observed has zero estimates (H_ii = 0, or the target's own gradient for
+        # the similarity rule) and would look ideal: only observed peers may get weight.
+        observed = (ts.num_obs > 0) if cfg.observed_only else None
         if cfg.method == "sp_cacw":
             noise = None
             if cfg.debias:
                 noise = weighting.ema_noise_gram(ts.var, ts.num_obs, cfg.ema, self_idx)
             h = weighting.bound_matrix(ts.bias, v, c_b, lr_l, noise)
             alpha, quad, lin = weighting.sp_cacw_weights(
-                h, lam, alpha, quad, lin, solver=cfg.solver, num_steps=cfg.pgd_steps
-            )
+                h, lam, alpha, quad, lin, solver=cfg.solver, num_steps=cfg.pgd_steps,
+                mask=observed,
+            )  # fmt: skip
         elif cfg.method == "similarity":
-            alpha = weighting.similarity_weights(ts.bias + ts.own_grad[None], self_idx)
+            alpha = weighting.similarity_weights(
+                ts.bias + ts.own_grad[None], self_idx, mask=observed
+            )
         bound = weighting.bound_value(alpha, ts.bias, v, c_b, lr_l)
         return ts.replace(
             alpha=alpha,
@@ -453,12 +495,14 @@ class PersonalizedSimulation:
         log = EpochLog(
             alpha=ts.alpha,
             bound=ts.bound,
-            risk_bound=ts.risk_bound,
+            risk_bound=jnp.where(ts.premise, ts.risk_bound, jnp.nan),
             lam=ts.lam,
             smoothness=ts.smoothness,
             lr=ts.lr,
             train_loss=jnp.mean(losses),
             grad_norm_sq=jnp.mean(gsq),
+            premise=ts.premise,
+            unobserved_weight=jnp.sum(jnp.where(ts.num_obs > 0, 0.0, ts.alpha)),
         )
         return ts, log
 
@@ -581,7 +625,6 @@ class PersonalizedSimulation:
             "grad_error": jnp.sum(jnp.square(mixed)) + jnp.sum(jnp.square(ts.alpha) * v),
             "bias_term": jnp.sum(jnp.square(mixed)),
             "grad_norm_sq": jnp.sum(jnp.square(own)),
-            "lr_times_smoothness": lr_l,
             "descent_coef": a,
         }
 
@@ -591,14 +634,24 @@ class PersonalizedSimulation:
         def one(ts, target, peers, self_idx):
             test_loss, test_acc = self._client_loss_acc(ts.params, test, target)
             train_loss, train_acc = self._client_loss_acc(ts.params, train, target)
+            observed = ts.num_obs > 0
             out = {
                 "test_loss": test_loss,
                 "test_accuracy": test_acc,
                 "train_loss": train_loss,
                 "train_accuracy": train_acc,
                 "bound": ts.bound,
-                "risk_bound": ts.risk_bound,
+                # a descent guarantee only where its premise held at every step (TargetState)
+                "risk_bound": jnp.where(ts.premise, ts.risk_bound, jnp.nan),
+                "bound_premise": ts.premise.astype(jnp.float32),
+                "lr_times_smoothness": ts.smoothness * ts.lr,
+                "self_weight": ts.alpha[self_idx],
+                "unobserved_weight": jnp.sum(jnp.where(observed, 0.0, ts.alpha)),
+                "observed_fraction": jnp.mean(observed.astype(jnp.float32)),
             }
+            if self.clusters is not None:
+                same = self.clusters[peers] == self.clusters[target]
+                out["own_cluster_weight"] = jnp.sum(jnp.where(same, ts.alpha, 0.0))
             if track:
                 out.update(self._true_bound(ts, target, peers, self_idx, train))
             return out
@@ -609,8 +662,13 @@ class PersonalizedSimulation:
         self, state: PersonalizedState, track_bound: bool = False
     ) -> dict[str, np.ndarray]:
         """Per-target metrics (float arrays ``[T]``): test/train loss and accuracy on the
-        target's own data, the estimated ``bound`` and ``risk_bound``; with ``track_bound``
-        also the exact terms of :meth:`_true_bound` (costs M full-data gradients per target)."""
+        target's own data; the estimated ``bound`` ``Phi(alpha)``; ``risk_bound`` (NaN where
+        its premise failed), ``bound_premise`` (1 where ``L eta`` stayed within the premise at
+        every step) and ``lr_times_smoothness`` (the current ``L eta``); the weight on the
+        target itself (``self_weight``), on peers never observed (``unobserved_weight``), on
+        the own true cluster (``own_cluster_weight``, clusters known) and the fraction of
+        clients observed so far; with ``track_bound`` also the exact terms of
+        :meth:`_true_bound` (costs M full-data gradients per target)."""
         out = self._evaluate(state, self.dataset.train, self.dataset.test, bool(track_bound))
         return {k: np.asarray(v) for k, v in out.items()}
 

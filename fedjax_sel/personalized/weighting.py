@@ -25,10 +25,15 @@ with two variants (``bound=``):
 
 The alpha-dependent part is the quadratic loss ``L_t(alpha) = alpha^T H_t alpha`` of appendix D.2
 (convex, exp-concave on the simplex). SP-CACW picks ``alpha`` by minimising it plus the cubic
-regulariser ``lambda_reg sum_i alpha_i^3`` (appendix F) over the simplex, by projected gradient
-descent on the current bound (``solver="pgd"``) or by follow-the-approximate-leader over the
-history of bounds (``solver="ftal"``, Hazan, Agarwal and Kale 2007), whose inner problem is again
-solved by PGD. Every function here handles ONE target; the simulator vmaps over targets.
+regulariser ``lambda_reg sum_i alpha_i^3`` (appendix F) over the simplex, by
+follow-the-approximate-leader over the history of bounds (``solver="ftal"``, the paper's rule,
+appendix D.2; Hazan, Agarwal and Kale 2007), whose inner problem is solved by PGD, or by
+projected gradient descent on the latest bound only (``solver="pgd"``, an option).
+
+Partial participation: a peer that has never participated has no estimates (its bias, variance
+and norm EMAs are still 0, so ``H_ii = 0``): it would look like a noiseless copy of the target
+and draw the weight. The weight rules therefore take a ``mask`` of the peers observed so far and
+put weight only there. Every function here handles ONE target; the simulator vmaps over targets.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from fedjax_sel.base import Array, ConfigError
 from fedjax_sel.kernels.simplex import minimize_quadratic_cubic
 
 BOUNDS = ("descent", "appendix_d")
-SOLVERS = ("pgd", "ftal")
+SOLVERS = ("ftal", "pgd")
 SIMPLEX_DIAMETER = math.sqrt(2.0)  # max ||a - b||_2 over the probability simplex
 
 
@@ -117,7 +122,7 @@ def regularization(gamma: float, target_var: Array) -> Array:
 
 
 def ftal_step(
-    quad: Array, lin: Array, h: Array, lam: Array, alpha: Array
+    quad: Array, lin: Array, h: Array, lam: Array, alpha: Array, mask: Array | None = None
 ) -> tuple[Array, Array, Array]:
     """Adds round t's FTAL surrogate of ``ell_t(a) = a^T H a + lam sum a^3`` at ``alpha_t``:
 
@@ -129,10 +134,19 @@ def ftal_step(
     (appendix D.2: ``2H >= 4 gamma H a a^T H`` holds for ``gamma <= 1 / (2 max_a a^T H a)``, and
     the maximum of the convex quadratic sits at a vertex).
 
+    ``mask`` (bool[M], the peers observed so far): the loss of an unobserved peer is unknown
+    (its row of ``H`` is 0, which would make it look ideal and, once it is observed, keep an
+    advantage of every round it missed in the accumulated sum). Its gradient coordinate is
+    imputed pessimistically with the largest coordinate among the observed peers (ours: the
+    paper does not treat partial participation in FTAL).
+
     Returns:
       ``(quad, lin, beta)``: the accumulated surrogate is ``a^T quad a + lin . a`` (+ const).
     """
     grad = 2.0 * h @ alpha + 3.0 * lam * jnp.square(alpha)
+    if mask is not None:
+        worst = jnp.max(jnp.where(mask, grad, -jnp.inf))
+        grad = jnp.where(mask, grad, worst)
     g_bound = 2.0 * jnp.max(jnp.linalg.norm(h, axis=0)) + 3.0 * lam
     gamma = 1.0 / jnp.maximum(2.0 * jnp.max(jnp.diag(h)), 1e-30)
     beta = 0.5 * jnp.minimum(1.0 / jnp.maximum(4.0 * g_bound * SIMPLEX_DIAMETER, 1e-30), gamma)
@@ -160,9 +174,10 @@ def sp_cacw_weights(
       lam: ``lambda_reg``.
       alpha: float32[M] the current weights (PGD's warm start; FTAL's linearisation point).
       quad, lin: FTAL's accumulated surrogate (ignored by ``pgd``).
-      solver: ``"pgd"`` (argmin of the current bound) or ``"ftal"``.
+      solver: ``"ftal"`` (the paper's: follow-the-approximate-leader over the history of
+        bounds) or ``"pgd"`` (argmin of the current bound only).
       num_steps: PGD iterations.
-      mask: bool[M] peers that may get weight.
+      mask: bool[M] peers that may get weight: the peers observed so far (module docstring).
 
     Returns:
       ``(alpha, quad, lin)``.
@@ -170,7 +185,7 @@ def sp_cacw_weights(
     if solver == "pgd":
         return minimize_quadratic_cubic(h, lam, alpha, num_steps, mask), quad, lin
     if solver == "ftal":
-        quad, lin, _ = ftal_step(quad, lin, h, lam, alpha)
+        quad, lin, _ = ftal_step(quad, lin, h, lam, alpha, mask)
         new = minimize_quadratic_cubic(quad, lam, alpha, num_steps, mask, linear=lin)
         return new, quad, lin
     raise ConfigError(f"solver must be one of {SOLVERS}, got {solver!r}")
@@ -183,15 +198,16 @@ def similarity_weights(grads: Array, self_index: Array, mask: Array | None = Non
     Args:
       grads: float32[M, d] (averaged) gradients of the M clients at the target's model.
       self_index: the target's row.
-      mask: bool[M] eligible peers.
+      mask: bool[M] eligible peers: the peers observed so far (an unobserved peer's row is the
+        target's own gradient estimate, cosine 1); the target itself always counts.
     """
     norms = jnp.linalg.norm(grads, axis=1)
     own = grads[self_index]
     cos = grads @ own / jnp.maximum(norms * norms[self_index], 1e-30)
     w = jnp.maximum(cos, 0.0)
-    w = w.at[self_index].set(1.0)
     if mask is not None:
         w = jnp.where(mask, w, 0.0)
+    w = w.at[self_index].set(1.0)
     return w / jnp.sum(w)
 
 

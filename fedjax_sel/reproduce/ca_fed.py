@@ -1,25 +1,54 @@
-"""``fedjax-sel reproduce ca-fed``: CA-Fed's Figs. 1, 1d, 2a and 5 (``papers/ca_fed.txt``
-section V) on LEAF Synthetic (gamma = delta = 0.5) and MNIST (Dirichlet 0.5, a 20% per-client
-validation split), linear classifier with ridge 1e-2, N = 100 clients, the paper's Markov
-population (``g = 0.4``, ``nu = 0.9``, ``eps = 1e-2``) and the oracle ``pi``/``lambda``.
+"""``fedjax-sel reproduce ca-fed``: CA-Fed's Figs. 1, 1d, 2a and 5 (Rodio et al., *Federated
+Learning under Heterogeneous and Correlated Client Availability*, IEEE/ACM ToN 2024,
+arXiv:2301.04632, section V) with paired seeds, tuned learning rates, verdicts and the
+mechanism's diagnostics.
 
-* Fig. 1: test accuracy against rounds for CA-Fed (``kappa_bar^2 = 1``), Unbiased,
-  More-available, AdaFed and F3AST (``m = N / 2``), mean and standard deviation over seeds;
-* Fig. 1d: cumulative aggregation weight ``(1/T) sum_t q_k^(t)`` of every client on Synthetic,
-  by class ("more available", "less available, weakly correlated", "less available, correlated");
-* Fig. 2a: the ``kappa_bar^2`` sweep ``{1e-2, ..., 1e2}`` against Unbiased and More-available
-  on Synthetic over a longer horizon;
-* Fig. 5: spatially correlated availability (10 clusters, ``markov_clustered``): the maps of
-  each client's activity and CA-Fed's inclusion per round (homogeneous data, Fig. 5a;
-  homogeneous within clusters and Dirichlet across them, Fig. 5b; Dirichlet data, Fig. 5c;
-  as images) and the methods' accuracy in the Fig. 5c setting (5d).
+Parts (``parts=...``; all by default):
 
-Every method trains all its kept available clients (``per_round = N``) and the server applies
-``sum_k q_k Delta_k`` (eq. 3) with plain SGD at ``server_lr`` (no server momentum, as eq. 3).
-The paper tunes the learning rates by grid search and does not report them; we use one
-setting for every method (local SGD lr 0.05, server lr 1). CPU scale (default): 60 rounds of
-10 local steps (Fig. 2a: 120 rounds; Fig. 5: 60); ``full``: the paper's horizons (T = 200,
-500 for Fig. 2a, 100 for Fig. 5) of 2 local epochs.
+* ``fig1_synthetic``, ``fig1_mnist``: test accuracy of CA-Fed against Unbiased,
+  More-available, AdaFed and F3AST (``m = N / 2``) on LEAF Synthetic (gamma = delta = 0.5) and
+  MNIST (Dirichlet 0.5, a 20% per-client validation split), linear classifier with ridge 1e-2,
+  N = 100 Markov clients with oracle ``pi``/``lambda`` (section V-A c); Fig. 1d's cumulative
+  weight ``(1/T) sum_t q_k`` per class (the engine's ``weight_sums``) and the kept share per
+  class (the strategies' ``kept_by_group`` diagnostics);
+* ``fig2a``: the ``kappa_bar^2`` sweep ``{1e-2, ..., 1e2}`` against Unbiased and More-available
+  on Synthetic (T = 500 at the paper size);
+* ``fig5``: clustered availability (10 clusters, ``markov_clustered``): maps of each client's
+  availability and CA-Fed's inclusion per round (a: iid data, b: Dirichlet across clusters
+  and iid within, c: Dirichlet) from CA-Fed's ``trace`` diagnostics, the inclusion rate per
+  cluster, and the methods' accuracy in the Fig. 5c setting (Fig. 5d);
+* ``control`` (``code`` profile only): the reference code's own setup, N = 24, T = 150, with
+  the learning rates its scripts report (no tuning).
+
+Profiles (``docs/ca_fed.md`` lists every difference):
+
+* ``paper``: the text. ``kappa_bar^2`` in eq. 20's units (1 for Fig. 1); the loss signal of
+  line 3 (one training minibatch) with ``F_hat^* = min_s F_hat^(s)``; Algorithm 1's orders
+  (descending ``lambda``); the four classes of section V-A a; plain SGD at client and server
+  (eqs. 2-3); T = 200 (Fig. 5: 100). Client ids are shuffled (the text does not say; the
+  greedy breaks ties by id).
+* ``code``: how ``arodio/CA-Fed`` ran it: ``bias_const = 1``, which is ``kappa2 = 0.25`` in
+  eq. 20's units (the code omits the factor 4; the Fig. 2a sweep runs ``kappa2 = c / 4`` for
+  the paper's values ``c``); the validation-split loss of the current model with a fixed
+  ``F_k^*`` (each client's fitted optimum on Synthetic, 0 on MNIST); ``|lambda|`` order;
+  Algorithm 1 literally on a flat proxy; the 50/25/25 population without "more available,
+  correlated" clients; SGD with momentum 0.9 and weight decay 1e-2 at client and server,
+  persistent client momentum; T = 150; equal client sizes on Synthetic (50 training and 150
+  validation examples, the code's proportions); F3AST as the code has it; AdaFed with server
+  learning rate 1.
+
+Both profiles: 2 local epochs (the code's; the paper does not say), batch 32 (Synthetic) / 64
+(MNIST), ``alpha_k = n_k / n``, data seed 0, learning rates tuned per method and data set on
+the code's grid (client ``{0.1, 0.03, 0.01, 0.003, 0.001}`` x server ``{1, 0.3, 0.1, 0.03,
+0.01}``) by the mean test accuracy over the last 40% of a tuning run on seeds 1000+ (the
+reported seeds are 0..S-1); ``tune=false`` with ``lrs=...`` skips tuning.
+
+Sizes: ``paper``: the paper's N, T and data; the full grid for every method.
+``cpu`` (minutes on a CPU): N = 100, T = 60 (Fig. 2a: 60, so Fig. 2a's "t = 500" claim is read
+at T = 60; Fig. 5: 40), MNIST a stratified 10% of its training images, LEAF's LogNormal sizes
+capped at 200 (paper profile), tuning on a 3 x 2 subgrid (client ``{0.1, 0.01,
+0.001}`` x server ``{1, 0.1}``, 60 rounds) for CA-Fed, Unbiased and AdaFed, whose Unbiased values
+More-available and F3AST reuse.
 """
 
 from __future__ import annotations
@@ -31,421 +60,1031 @@ from typing import Any
 
 import numpy as np
 
+from fedjax_sel.availability.clustered import cluster_of_clients
 from fedjax_sel.availability.markov_population import CLASS_NAMES, population_classes
+from fedjax_sel.base import ConfigError
 from fedjax_sel.config import RunConfig
-from fedjax_sel.data import load_dataset, loaders
-from fedjax_sel.experiment import build_simulation, write_json
-from fedjax_sel.reproduce import output_dir, register_reproduction
-
-NUM_CLIENTS = 100
-KAPPAS = (0.01, 0.1, 1.0, 10.0, 100.0)
-# the paper's reported differences (percentage points)
-PAPER_FIG1_GAIN_OVER_ADAFED = {"synthetic": 1.56, "mnist": 0.94}
-PAPER_FIG2A = (
-    "kappa2 = 0.1 is +2.8 pp over Unbiased at t = 40; "
-    "kappa2 = 100 is +3.8 pp over More-available at t = 500"
+from fedjax_sel.experiment import Cell, load_data_for, plot_curves, run_cells, write_json
+from fedjax_sel.experiment.compare import Run, mean_ci, mean_curves
+from fedjax_sel.experiment.outputs import subplots
+from fedjax_sel.experiment.sweep import _slug
+from fedjax_sel.reproduce import output_dir, register_reproduction, select_parts
+from fedjax_sel.reproduce.common import (
+    Claim,
+    Study,
+    check_profile_size,
+    markdown_table,
+    verdict_table,
 )
-PAPER_FIG5D_GAIN_OVER_ADAFED = 0.6
+from fedjax_sel.reproduce.hetero_select import subsampled_npz
+from fedjax_sel.strategies._ca_fed_common import fit_local_optima
+
+PARTS = ("fig1_synthetic", "fig1_mnist", "fig2a", "fig5", "control")
+STRATEGIES = ("ca_fed", "unbiased", "more_available", "adafed", "f3ast")
+LABELS = {
+    "ca_fed": "CA-Fed",
+    "unbiased": "Unbiased",
+    "more_available": "More available",
+    "adafed": "AdaFed",
+    "f3ast": "F3AST",
+}
+KAPPAS = (0.01, 0.1, 1.0, 10.0, 100.0)  # Fig. 2a, in the paper's (figure) values
+FIG5_PANELS = (("a", "iid"), ("b", "dirichlet:alpha=0.5,groups=10"), ("c", "dirichlet:0.5"))
+NUM_CLUSTERS = 10
+CODE_GRID_CLIENT = (0.1, 0.03, 0.01, 0.003, 0.001)
+CODE_GRID_SERVER = (1.0, 0.3, 0.1, 0.03, 0.01)
+TUNE_SEED0 = 1000  # tuning seeds are disjoint from the reported ones
+CONTROL_CLIENTS = 24
+# the learning rates (client, server) the reference code's scripts report (fidelity review)
+CODE_LRS = {
+    ("synthetic", "ca_fed"): (0.01, 0.3),
+    ("synthetic", "adafed"): (0.001, 1.0),
+    ("synthetic", "unbiased"): (0.03, 0.03),
+    ("mnist", "ca_fed"): (0.001, 0.1),
+}
+
+# the paper's numbers (percentage points; section V-B a, b, e)
+PAPER_FIG1_GAIN = {"synthetic": 1.56, "mnist": 0.94}  # CA-Fed - AdaFed
+PAPER_FIG5D_GAIN = 0.6  # CA-Fed - AdaFed, clustered availability, MNIST
+PAPER_FIG2A_T40 = 2.8  # CA-Fed (kappa2 = 0.1) - Unbiased at t = 40
+PAPER_FIG2A_END = 3.8  # CA-Fed (kappa2 = 100) - More available at t = 500
+
+
+# ----------------------------------------------------------------------------- profiles, sizes
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """Everything the paper text and the reference code set differently (module docstring).
+
+    ``kappa_scale``: the ``kappa2`` (eq. 20's units) a figure value ``x`` runs as (``x`` in the
+    paper, ``x / 4`` in the code, whose ``bias_const`` lacks eq. 20's factor 4)."""
+
+    name: str
+    rounds: int
+    kappa_scale: float
+    loss_source: str
+    lambda_order: str
+    keep_all_when_flat: bool
+    optimum: dict[str, str]  # data set -> ca_fed optimum
+    mix: str
+    id_seed: int | None
+    f3ast_variant: str
+    synthetic_args: dict[str, Any]
+    synthetic_test_fraction: float
+    momentum: float
+    weight_decay: float
+    server: str
+    server_momentum: float
+    server_weight_decay: float
+    persistent_client_state: bool
+    fixed_server_lr: dict[str, float]  # strategy -> server lr it always uses
+
+    @property
+    def kappa2(self) -> float:
+        """CA-Fed's ``kappa2`` in Fig. 1 (the paper's ``kappa_bar^2 = 1``)."""
+        return self.kappa_scale * 1.0
+
+    @property
+    def availability(self) -> str:
+        spec = f"markov:mix={self.mix}"
+        return spec if self.id_seed is None else f"{spec},id_seed={self.id_seed}"
+
+
+PROFILES = {
+    "paper": Profile(
+        name="paper",
+        rounds=200,
+        kappa_scale=1.0,
+        loss_source="batch",
+        lambda_order="signed",
+        keep_all_when_flat=True,
+        optimum={"synthetic": "running_min", "mnist": "running_min"},
+        mix="paper",
+        id_seed=0,
+        f3ast_variant="paper",
+        synthetic_args={"alpha": 0.5, "beta": 0.5},
+        synthetic_test_fraction=0.1,
+        momentum=0.0,
+        weight_decay=0.0,
+        server="sgd",
+        server_momentum=0.0,
+        server_weight_decay=0.0,
+        persistent_client_state=False,
+        fixed_server_lr={},
+    ),
+    "code": Profile(
+        name="code",
+        rounds=150,
+        kappa_scale=0.25,
+        loss_source="validation",
+        lambda_order="abs",
+        keep_all_when_flat=False,
+        optimum={"synthetic": "given", "mnist": "zero"},
+        mix="code",
+        id_seed=0,
+        f3ast_variant="reference",
+        synthetic_args={"alpha": 0.5, "beta": 0.5, "examples_per_client": 200},
+        synthetic_test_fraction=0.75,
+        momentum=0.9,
+        weight_decay=0.01,
+        server="momentum",
+        server_momentum=0.9,
+        server_weight_decay=0.01,
+        persistent_client_state=True,
+        fixed_server_lr={"adafed": 1.0},
+    ),
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class Scale:
-    """Sizes of one reproduction run (``CPU_SCALE``, ``FULL_SCALE``; tests use tiny ones)."""
+    """Run sizes. ``rounds``/``rounds_fig2`` ``None``: the profile's T / the paper's 500."""
 
-    num_clients: int = NUM_CLIENTS
-    rounds: int = 60
-    rounds_fig2: int = 120
-    rounds_fig5: int = 60
-    local_steps: int | None = 10
-    local_epochs: int | None = None
-    eval_every: int = 5
-    synthetic_max_examples: int | None = None
-    mnist_subsample: int | None = None  # keep every n-th MNIST training image (tests)
-
-
-CPU_SCALE = Scale()
-FULL_SCALE = Scale(rounds=200, rounds_fig2=500, rounds_fig5=100, local_steps=None, local_epochs=2)
-
-
-@dataclasses.dataclass(frozen=True)
-class Method:
-    label: str
-    strategy: str
-    args: dict
+    name: str
+    num_clients: int
+    rounds: int | None
+    rounds_fig2: int | None
+    rounds_fig5: int
+    rounds_control: int
+    eval_every: int
+    synthetic_max_examples: int | None  # cap on LEAF's LogNormal sizes (paper profile)
+    mnist_fraction: float  # stratified share of MNIST's training images
+    tune_rounds: int
+    tune_seeds: int
+    client_lrs: tuple[float, ...]
+    server_lrs: tuple[float, ...]
+    tune_all: bool  # tune More-available and F3AST too (else they reuse Unbiased's values)
+    local_epochs: int = 2
 
 
-def fig1_methods(num_clients: int) -> list[Method]:
-    """Section V-A c, with the oracle availability parameters (section V-A c, last line)."""
-    oracle = {"estimator": "oracle"}
-    return [
-        Method("CA-Fed (kappa2=1)", "ca_fed", {"kappa2": 1.0, **oracle}),
-        Method("Unbiased", "unbiased", oracle),
-        Method("More available", "more_available", oracle),
-        Method("AdaFed", "adafed", oracle),
-        Method("F3AST", "f3ast", {"budget": max(1, num_clients // 2), **oracle}),
-    ]
+SCALES = {
+    "cpu": Scale(
+        "cpu", 100, 60, 60, 40, 150, 10, 200, 0.1, 60, 2, (0.1, 0.01, 0.001), (1.0, 0.1), False
+    ),
+    "paper": Scale(
+        "paper",
+        100,
+        None,
+        None,
+        100,
+        150,
+        10,
+        None,
+        1.0,
+        100,  # the code's tune_learning_rates.sh runs 100 rounds
+        2,
+        CODE_GRID_CLIENT,
+        CODE_GRID_SERVER,
+        True,
+    ),
+}
 
 
-def kappa_method(kappa2: float) -> Method:
-    return Method(
-        f"CA-Fed (kappa2={kappa2:g})", "ca_fed", {"kappa2": kappa2, "estimator": "oracle"}
-    )
+def fig1_rounds(profile: Profile, scale: Scale) -> int:
+    return scale.rounds or profile.rounds
+
+
+def fig2_rounds(scale: Scale) -> int:
+    return scale.rounds_fig2 or 500
+
+
+def kappa_label(x: float) -> str:
+    return f"CA-Fed (kappa2={x:g})"
+
+
+# ----------------------------------------------------------------------------- configurations
+def strategy_args(
+    strategy: str,
+    dataset: str,
+    profile: Profile,
+    num_clients: int,
+    *,
+    kappa: float = 1.0,
+    trace: bool = False,
+    optima: tuple[float, ...] = (),
+) -> dict[str, Any]:
+    """The strategy's options under ``profile`` (oracle ``pi``/``lambda``, section V-A c);
+    ``kappa``: the paper's figure value of ``kappa_bar^2``."""
+    args: dict[str, Any] = {"estimator": "oracle"}
+    if strategy == "ca_fed":
+        optimum = profile.optimum[dataset]
+        args.update(
+            kappa2=profile.kappa_scale * kappa,
+            loss_source=profile.loss_source,
+            lambda_order=profile.lambda_order,
+            keep_all_when_flat=profile.keep_all_when_flat,
+            optimum=optimum,
+        )
+        if optimum == "given":
+            if len(optima) != num_clients:
+                raise ConfigError(
+                    f"ca-fed: {len(optima)} fitted optima for {num_clients} clients ({dataset})"
+                )
+            args["optimum_values"] = tuple(optima)
+        if trace:
+            args["trace"] = True
+    elif strategy == "f3ast":
+        args.update(budget=max(1, num_clients // 2), variant=profile.f3ast_variant)
+    return args
 
 
 def make_config(
-    method: Method,
+    strategy: str,
     dataset: str,
+    profile: Profile,
     scale: Scale,
-    seed: int,
     *,
-    rounds: int | None = None,
-    availability: str = "markov",
+    lr: tuple[float, float],
+    rounds: int,
+    kappa: float = 1.0,
+    num_clients: int | None = None,
+    availability: str | None = None,
     partition: str | None = None,
     eval_every: int | None = None,
+    trace: bool = False,
+    data_path: str | None = None,
+    optima: tuple[float, ...] = (),
 ) -> RunConfig:
-    """The run configuration of one method on ``synthetic`` or ``mnist`` (section V-A b)."""
-    common = dict(
-        strategy=method.strategy,
-        strategy_args=dict(method.args),
+    """The run configuration of one method (``strategy``) on ``synthetic`` or ``mnist``;
+    ``lr``: (client, server) learning rates. Every kept available client trains
+    (``per_round = N``)."""
+    k = num_clients or scale.num_clients
+    client_lr, server_lr = lr
+    server_lr = profile.fixed_server_lr.get(strategy, server_lr)
+    common: dict[str, Any] = dict(
+        strategy=strategy,
+        strategy_args=strategy_args(
+            strategy, dataset, profile, k, kappa=kappa, trace=trace, optima=optima
+        ),
         model="logreg",
         model_args={"ridge": 0.01},
-        num_clients=scale.num_clients,
-        per_round=scale.num_clients,
-        rounds=rounds or scale.rounds,
-        local_steps=scale.local_steps,
+        num_clients=k,
+        per_round=k,
+        rounds=rounds,
         local_epochs=scale.local_epochs,
-        lr=0.05,
-        server="sgd",
-        server_lr=1.0,
-        server_momentum=0.0,
-        availability=availability,
+        lr=client_lr,
+        momentum=profile.momentum,
+        weight_decay=profile.weight_decay,
+        persistent_client_state=profile.persistent_client_state,
+        server=profile.server,
+        server_lr=server_lr,
+        server_momentum=profile.server_momentum,
+        server_weight_decay=profile.server_weight_decay,
+        availability=availability or profile.availability,
         eval_every=eval_every or scale.eval_every,
-        seed=seed,
-        data_seed=0,
-        parallel="vmap",
+        data_seed=0,  # one data set; seeds vary the chains, the model and the training noise
     )
     if dataset == "synthetic":
-        args: dict[str, Any] = {"alpha": 0.5, "beta": 0.5}
-        if scale.synthetic_max_examples:
+        args = dict(profile.synthetic_args)
+        if scale.synthetic_max_examples and "examples_per_client" not in args:
             args["max_examples"] = scale.synthetic_max_examples
         return RunConfig(
             dataset="leaf_synthetic",
             dataset_args=args,
             partition="natural",
             batch_size=32,
-            test_fraction=0.1,
+            test_fraction=profile.synthetic_test_fraction,
             **common,
         )
     if dataset == "mnist":
         return RunConfig(
             dataset="mnist",
+            data_path=data_path,
             partition=partition or "dirichlet:0.5",
-            test_fraction=0.2,  # the 20% validation split, per client
+            test_fraction=0.2,  # section V-A b: 20% of the training data for validation
             batch_size=64,
             **common,
         )
-    raise ValueError(f"unknown data set {dataset!r}")
+    raise ConfigError(f"ca-fed: unknown data set {dataset!r}")
 
 
-def strided_mnist(every: int, out: Path, data_dir=None) -> Path:
-    """A Keras-layout ``mnist.npz`` under ``out`` with every ``every``-th training and test
-    image (tiny test runs)."""
-    path = out / "mnist.npz"
-    if not path.exists():
-        d = loaders.load_image_dataset("mnist", data_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        np.savez(
-            path,
-            x_train=d.x_train[::every],
-            y_train=d.y_train[::every],
-            x_test=d.x_test[::every],
-            y_test=d.y_test[::every],
-        )
-    return path
+def mnist_path(scale: Scale, out: Path, data_dir) -> str | None:
+    """MNIST at this size: a stratified subsample under ``out`` when ``mnist_fraction < 1``."""
+    if scale.mnist_fraction < 1.0:
+        where = out / "data" / f"mnist-{scale.mnist_fraction:g}"
+        return str(subsampled_npz("mnist", scale.mnist_fraction, where, data_dir))
+    return None if data_dir is None else str(data_dir)
 
 
-def load(config: RunConfig, scale: Scale, out: Path, data_dir=None):
-    """Loads the data of ``config`` (a strided MNIST when the scale says so)."""
-    path = data_dir
-    if config.dataset == "mnist" and scale.mnist_subsample:
-        path = strided_mnist(scale.mnist_subsample, out / "data", data_dir)
-    return load_dataset(
-        config.dataset,
-        num_clients=config.num_clients,
-        partition=config.partition,
-        seed=config.data_seed,
-        data_path=path,
-        test_fraction=config.test_fraction,
-        **config.dataset_args,
-    )
+def fitted_optima(config: RunConfig) -> tuple[float, ...]:
+    """The code's ``F_k^*`` of every client of ``config``'s data (its scikit-learn fit)."""
+    return fit_local_optima(load_data_for(config.replace(strategy_args={}).validate()))
 
 
-def run_method(
-    config: RunConfig, dataset, *, seeds: tuple[int, ...] | None = None, trace: bool = False
-) -> list[dict[str, Any]]:
-    """Runs one configuration for each seed (one compiled simulation, ``config.seed`` when
-    ``seeds`` is None). Each run gives its accuracy curve, every client's cumulative weight
-    ``(1/T) sum_t q_k^(t)`` and, with ``trace`` (CA-Fed, one round per chunk), the per-round
-    availability and inclusion maps ``bool[T, K]``."""
-    sim = build_simulation(config, dataset)
-    return [_one_run(sim, config, seed, trace) for seed in (seeds or (config.seed,))]
-
-
-def _one_run(sim, config: RunConfig, seed: int, trace: bool) -> dict[str, Any]:
-    state = sim.init(seed)
-    weight_sum = np.zeros(sim.dataset.num_clients)
-    rounds, accuracy, available, included = [], [], [], []
-    done = 0
-    while done < config.rounds:
-        n = min(config.eval_every, config.rounds - done)
-        state, logs = sim.run_rounds(state, n)
-        c, m, w = (np.asarray(a) for a in (logs.clients, logs.mask, logs.weights))
-        np.add.at(weight_sum, c[m], w[m])
-        if trace:  # chunks of one round: the strategy state is this round's
-            s = state.strategy_state
-            available.append(np.asarray(s.counts.previous))
-            included.append(np.asarray(s.kept))
-        done += n
-        rounds.append(done)
-        accuracy.append(sim.evaluate(state)["test_accuracy"])
-    out = {
-        "seed": seed,
-        "rounds": rounds,
-        "accuracy": accuracy,
-        "final_accuracy": accuracy[-1],
-        "cumulative_weight": (weight_sum / config.rounds).tolist(),
-    }
-    if trace:
-        out["available"] = np.array(available)
-        out["included"] = np.array(included)
+# ----------------------------------------------------------------------------- learning rates
+def parse_lrs(text: str | None) -> dict[tuple[str, str], tuple[float, float]]:
+    """``"synthetic.ca_fed=0.01/0.3;mnist.adafed=0.001/1"`` -> {(data set, strategy): (client,
+    server)}; a :class:`ConfigError` names a malformed entry."""
+    out = {}
+    for item in filter(None, (s.strip() for s in (text or "").replace(" ", ";").split(";"))):
+        key, eq, value = item.partition("=")
+        dataset, dot, strategy = key.partition(".")
+        parts = value.split("/")
+        try:
+            if not (eq and dot and strategy in STRATEGIES and len(parts) == 2):
+                raise ValueError
+            client, server = float(parts[0]), float(parts[1])
+            if not (client > 0 and server > 0):
+                raise ValueError
+        except ValueError:
+            raise ConfigError(
+                f"ca-fed lrs: {item!r} is not DATASET.STRATEGY=CLIENT/SERVER with a strategy "
+                f"of {STRATEGIES} and positive rates"
+            ) from None
+        out[(dataset, strategy)] = (client, server)
     return out
 
 
-def summarize(runs: list[dict]) -> dict[str, Any]:
-    acc = np.array([r["accuracy"] for r in runs])
+def grid(strategy: str, profile: Profile, scale: Scale) -> list[tuple[float, float]]:
+    servers = (
+        (profile.fixed_server_lr[strategy],)
+        if strategy in profile.fixed_server_lr
+        else scale.server_lrs
+    )
+    return [(c, s) for c in scale.client_lrs for s in servers]
+
+
+def tail_accuracy(records: list[dict], rounds: int) -> float:
+    """Mean test accuracy over the evaluations in the last 40% of a run (-inf when a run
+    diverged or has none): the tuning criterion."""
+    tail = [r.get("test_accuracy") for r in records if r["round"] > 0.6 * rounds]
+    tail = [a for a in tail if a is not None and math.isfinite(a)]
+    return float(np.mean(tail)) if tail else -math.inf
+
+
+def tune_lrs(
+    datasets: dict[str, dict[str, Any]],
+    strategies: tuple[str, ...],
+    profile: Profile,
+    scale: Scale,
+    out: Path,
+    echo=print,
+) -> dict[str, Any]:
+    """Grid search of (client, server) learning rates per strategy and data set: every grid
+    point runs ``scale.tune_rounds`` rounds on ``scale.tune_seeds`` seeds (from
+    :data:`TUNE_SEED0`), scored by :func:`tail_accuracy` averaged over the seeds; the best
+    point is chosen (ties: the first in grid order). ``datasets``: name -> extra
+    :func:`make_config` arguments. Returns ``{"chosen": {(data set, strategy): lr}, "scores":
+    ...}``."""
+    cells, where = [], []
+    every = max(1, scale.tune_rounds // 6)
+    for dataset, extra in datasets.items():
+        for strategy in strategies:
+            for lr in grid(strategy, profile, scale):
+                config = make_config(
+                    strategy,
+                    dataset,
+                    profile,
+                    scale,
+                    lr=lr,
+                    rounds=scale.tune_rounds,
+                    eval_every=every,
+                    **extra,
+                )
+                label = f"{LABELS[strategy]} lr={lr[0]:g}/{lr[1]:g}"
+                for i in range(scale.tune_seeds):
+                    seed = TUNE_SEED0 + i
+                    folder = out / "runs" / "tuning" / dataset / _slug(label) / f"seed{seed}"
+                    cells.append(
+                        Cell(config.replace(seed=seed, label=label).validate(), folder, label)
+                    )
+                    where.append((dataset, strategy, lr))
+    results = run_cells(cells, progress=False, echo=echo)
+    totals: dict[tuple[str, str, tuple[float, float]], list[float]] = {}
+    for key, r in zip(where, results, strict=True):
+        totals.setdefault(key, []).append(tail_accuracy(r.evals, scale.tune_rounds))
+    chosen, scores = {}, {}
+    for (dataset, strategy, lr), values in totals.items():
+        score = float(np.mean(values))
+        scores.setdefault(f"{dataset}.{strategy}", {})[f"{lr[0]:g}/{lr[1]:g}"] = score
+        best = chosen.get((dataset, strategy))
+        if best is None or score > best[1]:
+            chosen[(dataset, strategy)] = (lr, score)
+    return {"chosen": {k: v[0] for k, v in chosen.items()}, "scores": scores}
+
+
+def learning_rates(
+    datasets: dict[str, dict[str, Any]],
+    strategies: tuple[str, ...],
+    profile: Profile,
+    scale: Scale,
+    out: Path,
+    *,
+    tune: bool,
+    given: dict[tuple[str, str], tuple[float, float]],
+    echo=print,
+) -> tuple[dict[tuple[str, str], tuple[float, float]], dict[str, Any]]:
+    """The (client, server) learning rates of every strategy on every data set, and the
+    record of how they were chosen (for ``results.json``): ``given`` values win; the rest are
+    tuned (``tune``), or, without tuning, the code's published values (code profile)."""
+    record: dict[str, Any] = {
+        "client_grid": list(scale.client_lrs),
+        "server_grid": list(scale.server_lrs),
+        "fixed_server_lr": dict(profile.fixed_server_lr),
+        "tune_rounds": scale.tune_rounds,
+        "tune_seeds": [TUNE_SEED0 + i for i in range(scale.tune_seeds)],
+        "criterion": "mean test accuracy over the last 40% of the tuning rounds",
+        "given": {f"{d}.{s}": list(v) for (d, s), v in given.items()},
+    }
+    lrs = dict(given)
+    if tune:
+        tuned = (
+            set(strategies)
+            if scale.tune_all
+            else set(strategies) & {"ca_fed", "unbiased", "adafed"}
+        )
+        todo = tuple(s for s in STRATEGIES if s in tuned)
+        wanted = {
+            d: extra for d, extra in datasets.items() if any((d, s) not in given for s in todo)
+        }
+        if wanted and todo:
+            result = tune_lrs(wanted, todo, profile, scale, out, echo)
+            for key, lr in result["chosen"].items():
+                lrs.setdefault(key, lr)
+            record["scores"] = result["scores"]
+        record["tuned"] = list(todo)
+    elif profile.name == "code":
+        for key, lr in CODE_LRS.items():
+            lrs.setdefault(key, lr)
+    for dataset in datasets:
+        for strategy in strategies:
+            if (dataset, strategy) in lrs:
+                continue
+            # untuned baselines take Unbiased's values (same unnormalised weights), then
+            # CA-Fed's
+            for fallback in ("unbiased", "ca_fed"):
+                if (dataset, fallback) in lrs:
+                    lrs[(dataset, strategy)] = lrs[(dataset, fallback)]
+                    break
+            else:
+                raise ConfigError(
+                    f"ca-fed: no learning rates for {strategy} on {dataset}: tune (the default) "
+                    f"or give lrs={dataset}.{strategy}=CLIENT/SERVER"
+                )
+    lrs = {(d, s): lrs[(d, s)] for d in datasets for s in strategies}
+    record["chosen"] = {f"{d}.{s}": list(v) for (d, s), v in sorted(lrs.items())}
+    return lrs, record
+
+
+# ----------------------------------------------------------------------------- reading runs
+def diagnostic_mean(run: Run, key: str) -> np.ndarray | None:
+    """The run's mean over rounds of a logged diagnostic (records hold chunk means; weighted
+    by the chunk lengths)."""
+    rows = [(r["round"], r.get("diagnostics", {}).get(key)) for r in run.records]
+    previous, total, weight = 0, None, 0
+    for rnd, value in rows:
+        if value is None:
+            previous = rnd
+            continue
+        v = np.asarray(value, np.float64) * (rnd - previous)
+        total = v if total is None else total + v
+        weight += rnd - previous
+        previous = rnd
+    return None if total is None else total / weight
+
+
+def seed_mean(runs: list[Run], key: str) -> np.ndarray | None:
+    values = [v for v in (diagnostic_mean(r, key) for r in runs) if v is not None]
+    return None if not values else np.mean(values, axis=0)
+
+
+def mechanism_row(runs: list[Run]) -> dict[str, Any]:
+    """The diagnostics of one method, means over rounds and seeds: excluded clients, the sum
+    of weights (mean, standard deviation across rounds), the largest weight, the law's entropy
+    ratio, and per class the kept share and the trained share."""
+    out: dict[str, Any] = {}
+    for key in ("excluded", "excluded_available", "q_sum", "q_max", "law_entropy_ratio", "gamma"):
+        v = seed_mean(runs, key)
+        out[key] = None if v is None else float(v)
+    sq = [diagnostic_mean(r, "q_sum_sq") for r in runs]
+    mean = [diagnostic_mean(r, "q_sum") for r in runs]
+    if all(v is not None for v in sq + mean):
+        var = [max(float(a) - float(b) ** 2, 0.0) for a, b in zip(sq, mean, strict=True)]
+        out["q_sum_std_across_rounds"] = float(np.mean(np.sqrt(var)))
+    size = seed_mean(runs, "group_size")
+    for key in ("kept_by_group", "trained_by_group"):
+        v = seed_mean(runs, key)
+        if v is not None and size is not None:
+            share = [float(a / b) if b > 0 else None for a, b in zip(v, size, strict=True)]
+            out[key.replace("_by_group", "_share_by_class")] = dict(
+                zip(CLASS_NAMES, share, strict=True)
+            )
+    return out
+
+
+def class_weights(runs: list[Run], classes: np.ndarray) -> dict[str, float | None]:
+    """Fig. 1d: the mean over the clients of each class of ``(1/T) sum_t q_k`` (the engine's
+    ``weight_sums``), averaged over seeds; ``None`` for an empty class."""
+    w = np.mean(
+        [np.asarray(r.summary["weight_sums"]) / r.summary["rounds_completed"] for r in runs], 0
+    )
     return {
-        "rounds": runs[0]["rounds"],
-        "mean": acc.mean(0).tolist(),
-        "std": acc.std(0).tolist(),
-        "final_mean": float(acc[:, -1].mean()),
-        "final_std": float(acc[:, -1].std()),
-        "finals": acc[:, -1].tolist(),
+        name: (float(w[classes == c].mean()) if np.any(classes == c) else None)
+        for c, name in enumerate(CLASS_NAMES)
     }
 
 
-def class_weights(cumulative: np.ndarray) -> dict[str, float]:
-    """Fig. 1d's groups: mean cumulative weight per client of each class."""
-    classes = population_classes(cumulative.shape[-1])
-    groups = {
-        "more available": np.isin(classes, (0, 1)),
-        CLASS_NAMES[3]: classes == 3,
-        CLASS_NAMES[2]: classes == 2,
+def alpha_by_class(counts: np.ndarray, classes: np.ndarray) -> dict[str, Any]:
+    """The target importance ``alpha_k = n_k / n`` summed per class, and its largest value
+    with the class holding it (how skewed the client sizes make the objective)."""
+    alpha = np.asarray(counts, np.float64) / np.sum(counts)
+    top = int(np.argmax(alpha))
+    return {
+        "per_class": {name: float(alpha[classes == c].sum()) for c, name in enumerate(CLASS_NAMES)},
+        "max": float(alpha[top]),
+        "max_class": CLASS_NAMES[int(classes[top])],
     }
-    return {name: float(cumulative[..., mask].mean()) for name, mask in groups.items()}
 
 
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def plot_accuracy(curves: dict[str, dict], path: Path, title: str) -> Path:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    for label, s in curves.items():
-        r, mu, sd = np.array(s["rounds"]), np.array(s["mean"]), np.array(s["std"])
-        (line,) = ax.plot(r, mu, label=label)
-        ax.fill_between(r, mu - sd, mu + sd, color=line.get_color(), alpha=0.2)
-    ax.set_xlabel("round")
-    ax.set_ylabel("test accuracy")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+def trace_maps(run: Run) -> tuple[np.ndarray, np.ndarray]:
+    """``(available, kept)`` bool[T, K] of a ``trace=True`` run evaluated every round."""
+    rows = [r["diagnostics"] for r in run.records]
+    return (
+        np.array([d["available"] for d in rows]) > 0.5,
+        np.array([d["kept"] for d in rows]) > 0.5,
+    )
 
 
-def plot_weights(weights: dict[str, np.ndarray], path: Path) -> Path:
-    """Fig. 1d: every client's cumulative weight (mean over seeds), clients in class order."""
-    plt = _plt()
-    names = list(weights)
-    fig, axes = plt.subplots(len(names), 1, figsize=(8, 1.6 * len(names)), sharex=True)
-    classes = population_classes(len(next(iter(weights.values()))))
-    colors = np.array(["tab:blue", "tab:cyan", "tab:red", "tab:orange"])[classes]
-    for ax, name in zip(np.atleast_1d(axes), names, strict=True):
-        ax.bar(np.arange(len(classes)), weights[name], color=colors, width=1.0)
+# ----------------------------------------------------------------------------- plots
+
+
+def plot_weights(weights: dict[str, np.ndarray], classes: np.ndarray, path: Path) -> Path:
+    """Fig. 1d: every client's cumulative weight (mean over seeds), clients grouped by class."""
+    order = np.argsort(classes, kind="stable")
+    colors = np.array(["tab:blue", "tab:cyan", "tab:red", "tab:orange"])[classes[order]]
+    fig, axes = subplots(len(weights), 1, figsize=(8, 1.5 * len(weights) + 0.5), sharex=True)
+    for ax, (name, w) in zip(np.atleast_1d(axes), weights.items(), strict=True):
+        ax.bar(np.arange(len(order)), np.asarray(w)[order], color=colors, width=1.0)
         ax.set_ylabel(name, rotation=0, ha="right", fontsize=8)
     np.atleast_1d(axes)[-1].set_xlabel(
-        "client (blue: more available; red: less available, correlated; orange: less, weak)"
+        "clients by class (blue/cyan: more available, correlated/weak; red/orange: less "
+        "available, correlated/weak)",
+        fontsize=8,
     )
-    fig.suptitle("Fig. 1d: cumulative aggregation weight (1/T) sum_t q_k")
+    fig.suptitle("Fig. 1d: cumulative aggregation weight (1/T) sum_t q_k, Synthetic")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    fig.savefig(path, dpi=100)
     return path
 
 
-def plot_map(available: np.ndarray, included: np.ndarray, path: Path, title: str) -> Path:
-    """Fig. 5: client x round image; white inactive, grey active and excluded, green active
-    and included (light green: included while inactive)."""
-    plt = _plt()
-    code = np.where(available, np.where(included, 3, 1), np.where(included, 2, 0)).T
+def plot_map(available: np.ndarray, kept: np.ndarray, path: Path, title: str) -> Path:
+    """Fig. 5: client x round image; white inactive and excluded, grey active and excluded,
+    light green kept while inactive, dark green active and kept (trained)."""
     from matplotlib.colors import ListedColormap
 
+    code = np.where(available, np.where(kept, 3, 1), np.where(kept, 2, 0)).T
+    fig, ax = subplots(figsize=(7, 4.5))
     cmap = ListedColormap(["white", "0.6", "#c7e9c0", "#238b45"])
-    fig, ax = plt.subplots(figsize=(7, 4.5))
     ax.imshow(code, aspect="auto", interpolation="nearest", cmap=cmap, vmin=0, vmax=3)
     ax.set_xlabel("round")
-    ax.set_ylabel("client (10 per cluster)")
+    ax.set_ylabel(f"client ({NUM_CLUSTERS} clusters in id blocks)")
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    fig.savefig(path, dpi=100)
     return path
 
 
-def _pp(x: float) -> str:
-    return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:+.2f} pp"
+def _curves(study: Study, setting: str, labels: list[str], path: Path, title: str) -> None:
+    runs = [r for lab in labels for r in study.runs(setting, lab)]
+    curves, bands = mean_curves(runs)
+    plot_curves(curves, path, bands=bands, title=title)
+
+
+# ----------------------------------------------------------------------------- claims
+def claims(parts: tuple[str, ...], labels: set[str], fig2_end: int, scale: Scale) -> list[Claim]:
+    """The paper's numerical claims that the runs of ``parts`` can read."""
+    out = []
+    for part, dataset in (("fig1_synthetic", "synthetic"), ("fig1_mnist", "mnist")):
+        if part in parts and {"CA-Fed", "AdaFed"} <= labels:
+            out.append(
+                Claim(
+                    f"Fig. 1 {dataset}: CA-Fed beats AdaFed",
+                    dataset,
+                    "CA-Fed",
+                    "AdaFed",
+                    "final_accuracy",
+                    PAPER_FIG1_GAIN[dataset],
+                )
+            )
+    if "fig2a" in parts:
+        setting = "synthetic fig2a"
+        out.append(
+            Claim(
+                "Fig. 2a: kappa2 = 0.1 beats Unbiased at t = 40",
+                setting,
+                kappa_label(0.1),
+                "Unbiased",
+                "accuracy@40",
+                PAPER_FIG2A_T40,
+            )
+        )
+        note = "" if fig2_end == 500 else f"read at our horizon T = {fig2_end}, not t = 500"
+        out.append(
+            Claim(
+                "Fig. 2a: kappa2 = 100 beats More available at t = 500",
+                setting,
+                kappa_label(100.0),
+                "More available",
+                "final_accuracy",
+                PAPER_FIG2A_END,
+                note=note,
+            )
+        )
+    if "fig5" in parts and {"CA-Fed", "AdaFed"} <= labels:
+        out.append(
+            Claim(
+                "Fig. 5d: CA-Fed beats AdaFed under clustered availability",
+                "mnist clustered",
+                "CA-Fed",
+                "AdaFed",
+                "final_accuracy",
+                PAPER_FIG5D_GAIN,
+            )
+        )
+    if "control" in parts:
+        out.append(
+            Claim(
+                "Fig. 1 synthetic, the code's own setup (N = 24): CA-Fed beats AdaFed",
+                "control N=24",
+                "CA-Fed",
+                "AdaFed",
+                "final_accuracy",
+                PAPER_FIG1_GAIN["synthetic"],
+                note=f"control: N = {CONTROL_CLIENTS}, T = {scale.rounds_control}, the code's "
+                "published learning rates",
+            )
+        )
+    return out
+
+
+def _fmt(v, digits: int = 3) -> str:
+    return (
+        "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.{digits}f}"
+    )
+
+
+# ----------------------------------------------------------------------------- the study
+@dataclasses.dataclass
+class Reproduction:
+    """One run of the reproduction: its profile, size, study, data, learning rates and the
+    Markdown and JSON it writes."""
+
+    profile: Profile
+    scale: Scale
+    study: Study
+    methods: tuple[str, ...]
+    datasets: dict[str, dict[str, Any]]  # data set -> extra make_config arguments
+    lrs: dict[tuple[str, str], tuple[float, float]] = dataclasses.field(default_factory=dict)
+    results: dict[str, Any] = dataclasses.field(default_factory=dict)
+    md: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def labels(self) -> list[str]:
+        return [LABELS[s] for s in self.methods]
+
+    @property
+    def baseline(self) -> str | None:
+        return "AdaFed" if "adafed" in self.methods else None
+
+    def config(self, strategy: str, dataset: str, *, rounds: int, **kw) -> RunConfig:
+        extra = {**self.datasets.get(dataset, {}), **kw}
+        lr = self.lrs[(dataset, strategy)]
+        return make_config(
+            strategy, dataset, self.profile, self.scale, lr=lr, rounds=rounds, **extra
+        )
+
+    def section(self, title: str, body: str) -> None:
+        self.md.extend(["", f"## {title}", "", body])
+        print(f"\n{title}\n{body}")
+
+    def method_table(self, setting: str, labels: list[str], baseline: str | None) -> str:
+        """Accuracy, the paired difference against ``baseline`` and the mechanism's
+        diagnostics of each method in ``setting`` (recorded in ``results["mechanism"]``)."""
+        rows = []
+        for lab in labels:
+            m = mechanism_row(self.study.runs(setting, lab))
+            self.results.setdefault("mechanism", {})[f"{setting} / {lab}"] = m
+            rows.append(
+                [
+                    lab,
+                    self.study.cell_text(setting, lab, "final_accuracy"),
+                    self.paired_text(setting, lab, baseline),
+                    _fmt(m.get("excluded"), 1),
+                    f"{_fmt(m.get('q_sum'), 2)} ({_fmt(m.get('q_sum_std_across_rounds'), 2)})",
+                    _fmt(m.get("q_max"), 3),
+                    _fmt(m.get("law_entropy_ratio"), 3),
+                ]
+            )
+        header = [
+            "method",
+            "final accuracy",
+            f"minus {baseline} (pp)" if baseline else "-",
+            "excluded / round",
+            "sum q (std across rounds)",
+            "max q",
+            "law entropy ratio",
+        ]
+        return markdown_table(header, rows)
+
+    def paired_text(self, setting: str, label: str, baseline: str | None) -> str:
+        if not baseline or label == baseline:
+            return "-"
+        x = self.study.values(setting, label, "final_accuracy")
+        b = self.study.values(setting, baseline, "final_accuracy")
+        common = sorted(set(x) & set(b))
+        if len(common) < 2:
+            return "-"
+        d = 100 * (np.array([x[s] for s in common]) - np.array([b[s] for s in common]))
+        dm, lo, hi = mean_ci(d)
+        return f"{dm:+.2f} [{lo:+.2f}, {hi:+.2f}]"
+
+
+def add_fig1(rep: Reproduction, dataset: str) -> None:
+    for s in rep.methods:
+        rounds = fig1_rounds(rep.profile, rep.scale)
+        rep.study.add(dataset, LABELS[s], rep.config(s, dataset, rounds=rounds))
+
+
+def add_fig2a(rep: Reproduction) -> None:
+    rounds = fig2_rounds(rep.scale)
+    for x in KAPPAS:
+        config = rep.config("ca_fed", "synthetic", rounds=rounds, kappa=x)
+        rep.study.add("synthetic fig2a", kappa_label(x), config)
+    for s in ("unbiased", "more_available"):
+        rep.study.add("synthetic fig2a", LABELS[s], rep.config(s, "synthetic", rounds=rounds))
+
+
+def add_fig5(rep: Reproduction) -> None:
+    rounds = rep.scale.rounds_fig5
+    for panel, partition in FIG5_PANELS:  # one traced seed, evaluated (logged) every round
+        config = rep.config(
+            "ca_fed",
+            "mnist",
+            rounds=rounds,
+            availability="markov_clustered",
+            partition=partition,
+            eval_every=1,
+            trace=True,
+        )
+        rep.study.add("fig5 maps", f"CA-Fed Fig. 5{panel}", config, seeds=1)
+    for s in rep.methods:
+        config = rep.config(s, "mnist", rounds=rounds, availability="markov_clustered")
+        rep.study.add("mnist clustered", LABELS[s], config)
+
+
+def add_control(rep: Reproduction, optima: tuple[float, ...]) -> None:
+    for s in ("ca_fed", "adafed", "unbiased"):
+        config = make_config(
+            s,
+            "synthetic",
+            rep.profile,
+            rep.scale,
+            lr=CODE_LRS[("synthetic", s)],
+            rounds=rep.scale.rounds_control,
+            num_clients=CONTROL_CLIENTS,
+            optima=optima,
+        )
+        rep.study.add("control N=24", LABELS[s], config)
+
+
+def report_fig1(rep: Reproduction, dataset: str, out: Path) -> None:
+    t1 = fig1_rounds(rep.profile, rep.scale)
+    rep.section(
+        f"Fig. 1, {dataset} (T = {t1}; paper: CA-Fed - AdaFed = "
+        f"+{PAPER_FIG1_GAIN[dataset]:.2f} pp at T = 200)",
+        rep.method_table(dataset, rep.labels, rep.baseline),
+    )
+    _curves(rep.study, dataset, rep.labels, out / f"fig1_{dataset}.png", f"Fig. 1, {dataset}")
+
+
+def report_fig1d(rep: Reproduction, out: Path) -> None:
+    classes = population_classes(rep.scale.num_clients, rep.profile.mix, rep.profile.id_seed)
+    weights, rows = {}, []
+    for lab in rep.labels:
+        runs = rep.study.runs("synthetic", lab)
+        cw = class_weights(runs, classes)
+        kept = mechanism_row(runs).get("kept_share_by_class", {})
+        rep.results.setdefault("fig1d", {})[lab] = {"cumulative_weight": cw, "kept_share": kept}
+        weights[lab] = np.mean(
+            [np.asarray(r.summary["weight_sums"]) / r.summary["rounds_completed"] for r in runs],
+            0,
+        )
+        rows.append([lab] + [f"{_fmt(cw[n], 4)} / {_fmt(kept.get(n), 2)}" for n in CLASS_NAMES])
+    probe = make_config("unbiased", "synthetic", rep.profile, rep.scale, lr=(1, 1), rounds=1)
+    counts = np.asarray(load_data_for(probe).train.counts)
+    alpha = alpha_by_class(counts, classes)
+    rep.results["alpha_synthetic"] = alpha
+    rows.append(
+        ["alpha (sum over the class)"] + [_fmt(alpha["per_class"][n], 3) for n in CLASS_NAMES]
+    )
+    rep.section(
+        "Fig. 1d, Synthetic: per class, the mean cumulative weight (1/T) sum_t q_k of a client "
+        "/ the share of its clients kept (q_k > 0) per round",
+        markdown_table(["method", *CLASS_NAMES], rows)
+        + f"\n\nLargest alpha_k: {alpha['max']:.3f} ({alpha['max_class']}).",
+    )
+    plot_weights(weights, classes, out / "fig1d_weights.png")
+
+
+def report_fig2a(rep: Reproduction, out: Path) -> None:
+    t2 = fig2_rounds(rep.scale)
+    labels = [kappa_label(x) for x in KAPPAS] + ["Unbiased", "More available"]
+    rows = []
+    for lab in labels:
+        m = mechanism_row(rep.study.runs("synthetic fig2a", lab))
+        rep.results.setdefault("mechanism", {})[f"synthetic fig2a / {lab}"] = m
+        rows.append(
+            [
+                lab,
+                rep.study.cell_text("synthetic fig2a", lab, "accuracy@40"),
+                rep.study.cell_text("synthetic fig2a", lab, "final_accuracy"),
+                _fmt(m.get("excluded"), 1),
+            ]
+        )
+    rep.section(
+        f"Fig. 2a, Synthetic (T = {t2}; each label's kappa2 runs as {rep.profile.kappa_scale:g} "
+        "x the label, in eq. 20's units)",
+        markdown_table(
+            ["method", "accuracy at t = 40", f"final (t = {t2})", "excluded / round"], rows
+        ),
+    )
+    _curves(rep.study, "synthetic fig2a", labels, out / "fig2a_kappa.png", "Fig. 2a")
+
+
+def report_fig5(rep: Reproduction, out: Path) -> None:
+    cluster = cluster_of_clients(rep.scale.num_clients, NUM_CLUSTERS)
+    rows = []
+    for panel, partition in FIG5_PANELS:
+        (r,) = rep.study.runs("fig5 maps", f"CA-Fed Fig. 5{panel}")
+        available, kept = trace_maps(r)
+        rate = [float(kept[:, cluster == c].mean()) for c in range(NUM_CLUSTERS)]
+        rep.results.setdefault("fig5", {})[panel] = {
+            "partition": partition,
+            "inclusion_rate_per_cluster": rate,
+            "final_accuracy": r.summary.get("final_accuracy"),
+        }
+        rows.append([f"5{panel} ({partition})"] + [f"{x:.2f}" for x in rate])
+        plot_map(
+            available,
+            kept,
+            out / f"fig5{panel}_map.png",
+            f"Fig. 5{panel}: MNIST {partition}, clustered availability, seed 0\n"
+            "dark green: active, kept; grey: active, excluded; light: inactive, kept",
+        )
+    rep.section(
+        "Fig. 5a-c: CA-Fed's inclusion rate (q_k > 0) per cluster, one seed (clusters 0-4: "
+        "pi 0.9, lambda 0; 5-9: pi 0.1, lambda 0.5 ... 0.9)",
+        markdown_table(["panel"] + [str(c) for c in range(NUM_CLUSTERS)], rows),
+    )
+    rep.section(
+        f"Fig. 5d, MNIST Dirichlet 0.5, clustered availability (T = {rep.scale.rounds_fig5}; "
+        f"paper: CA-Fed - AdaFed = +{PAPER_FIG5D_GAIN} pp at T = 100)",
+        rep.method_table("mnist clustered", rep.labels, rep.baseline),
+    )
+    _curves(rep.study, "mnist clustered", rep.labels, out / "fig5d_accuracy.png", "Fig. 5d")
+
+
+def report_control(rep: Reproduction) -> None:
+    rep.section(
+        f"Control: the code's own setup, N = {CONTROL_CLIENTS}, T = {rep.scale.rounds_control}, "
+        "its published learning rates",
+        rep.method_table("control N=24", ["CA-Fed", "AdaFed", "Unbiased"], "AdaFed"),
+    )
+
+
+def report_lrs(rep: Reproduction, tune: bool) -> None:
+    record = rep.results["learning_rates"]
+    rows = [[key, f"{c:g} / {s:g}"] for key, (c, s) in record["chosen"].items()]
+    how = (
+        f"tuned {record.get('tuned')} on {rep.scale.tune_rounds} rounds, seeds "
+        f"{record['tune_seeds']} (criterion: {record['criterion']})"
+        + ("" if rep.scale.tune_all else "; the others reuse Unbiased's values")
+        if tune
+        else "not tuned (given values, else the code's published ones)"
+    )
+    rep.section(
+        "Learning rates (client / server)",
+        markdown_table(["data set . strategy", "chosen"], rows)
+        + f"\n\nGrid: client {list(rep.scale.client_lrs)} x server {list(rep.scale.server_lrs)} "
+        f"(fixed server lr: {rep.profile.fixed_server_lr or 'none'}); {how}.",
+    )
 
 
 @register_reproduction(
     "ca-fed",
     "CA-Fed Figs. 1, 1d, 2a, 5: Synthetic and MNIST, Markov availability, kappa sweep, clusters",
 )
-def run(*, seeds: int, out, full: bool = False, data_dir=None, scale: Scale | None = None) -> dict:
-    """Runs the reproduction (see the module docstring); returns and writes ``results.json``."""
-    scale = scale or (FULL_SCALE if full else CPU_SCALE)
-    out = output_dir(Path(out))
+def run(
+    *,
+    seeds: int = 10,
+    out,
+    size: str = "cpu",
+    profile: str = "paper",
+    data_dir=None,
+    parts: tuple[str, ...] | None = None,
+    methods: tuple[str, ...] = STRATEGIES,
+    tune: bool = True,
+    lrs: str | None = None,
+) -> dict:
+    """Runs the parts (see the module docstring) at ``size`` under ``profile`` and writes
+    ``results.json``, ``tables.md``, ``verdicts.json`` and plots under ``out``.
+
+    Options: ``parts`` (default all; ``$FEDJAX_SEL_CA_FED_PARTS``; ``control`` runs under the
+    code profile only), ``methods`` (the strategies of Figs. 1 and 5d), ``tune`` (grid-search
+    the learning rates; ``false``: ``lrs`` and, under the code profile, the code's published
+    values), ``lrs`` (``DATASET.STRATEGY=CLIENT/SERVER`` entries separated by ``;``, used as
+    given; e.g. ``synthetic.ca_fed=0.01/0.3;mnist.ca_fed=0.001/0.1``)."""
+    check_profile_size("ca-fed", profile, size, seeds, 10)
+    parts = select_parts("ca-fed", parts, "FEDJAX_SEL_CA_FED_PARTS", PARTS, PARTS)
+    if not methods or set(methods) - set(STRATEGIES):
+        raise ConfigError(f"ca-fed: methods must be among {STRATEGIES}, got {methods}")
+    prof, scale = PROFILES[profile], SCALES[size]
+    if profile == "paper":
+        parts = tuple(p for p in parts if p != "control")
+    out = output_dir(out)
     k = scale.num_clients
-    results: dict[str, Any] = {"scale": dataclasses.asdict(scale), "seeds": seeds}
-    data_cache: dict[tuple, Any] = {}
-
-    def data_for(config):
-        key = (config.dataset, config.partition)
-        if key not in data_cache:
-            data_cache[key] = load(config, scale, out, data_dir)
-        return data_cache[key]
-
-    def runs_of(method, dataset, **kw):
-        config = make_config(method, dataset, scale, 0, **kw)
-        return run_method(config, data_for(config), seeds=tuple(range(seeds)))
-
-    # Fig. 1 and 1d
-    fig1: dict[str, Any] = {}
-    weights_1d: dict[str, np.ndarray] = {}
-    for dataset in ("synthetic", "mnist"):
-        curves = {}
-        for method in fig1_methods(k):
-            runs = runs_of(method, dataset)
-            curves[method.label] = summarize(runs)
-            s = curves[method.label]
-            print(
-                f"  fig1 {dataset:9s} {method.label:20s} final acc "
-                f"{s['final_mean']:.4f} +- {s['final_std']:.4f}",
-                flush=True,
-            )
-            if dataset == "synthetic":
-                cum = np.mean([r["cumulative_weight"] for r in runs], axis=0)
-                weights_1d[method.label] = cum
-                curves[method.label]["class_weights"] = class_weights(cum)
-        gain = curves["CA-Fed (kappa2=1)"]["final_mean"] - curves["AdaFed"]["final_mean"]
-        fig1[dataset] = {
-            "curves": curves,
-            "ca_fed_minus_adafed": gain,
-            "paper_ca_fed_minus_adafed_pp": PAPER_FIG1_GAIN_OVER_ADAFED[dataset],
-        }
-        plot_accuracy(curves, out / f"fig1_{dataset}.png", f"Fig. 1: {dataset}, N = {k}")
-    plot_weights(weights_1d, out / "fig1d_weights.png")
-    results["fig1"] = fig1
-
-    # Fig. 2a: the kappa_bar^2 sweep on Synthetic
-    fig2: dict[str, Any] = {}
-    methods = [kappa_method(x) for x in KAPPAS] + fig1_methods(k)[1:3]
-    for method in methods:
-        fig2[method.label] = summarize(runs_of(method, "synthetic", rounds=scale.rounds_fig2))
-        print(f"  fig2a {method.label:20s} final acc {fig2[method.label]['final_mean']:.4f}")
-    plot_accuracy(fig2, out / "fig2a_kappa.png", "Fig. 2a: kappa_bar^2 sweep, Synthetic")
-    results["fig2a"] = fig2
-
-    # Fig. 5: spatial correlation (one chain per cluster of 10 clients)
-    fig5: dict[str, Any] = {}
-    ca = fig1_methods(k)[0]
-    panels = (("a", "iid"), ("b", "dirichlet:alpha=0.5,groups=10"), ("c", "dirichlet:0.5"))
-    for panel, partition in panels:  # b: one label mix per availability cluster
-        config = make_config(
-            ca,
-            "mnist",
-            scale,
-            0,
-            rounds=scale.rounds_fig5,
-            availability="markov_clustered",
-            partition=partition,
-            eval_every=1,
-        )
-        (r,) = run_method(config, data_for(config), trace=True)
-        plot_map(
-            r["available"],
-            r["included"],
-            out / f"fig5{panel}_map.png",
-            f"Fig. 5{panel}: MNIST {partition}, clustered availability\n"
-            "dark green: active, included; grey: active, excluded; light: inactive, included",
-        )
-        per_cluster = r["included"].reshape(len(r["included"]), -1, k // 10).mean((0, 2))
-        fig5[panel] = {
-            "partition": partition,
-            "inclusion_rate_per_cluster": per_cluster.tolist(),
-            "final_accuracy": r["final_accuracy"],
-        }
-    curves5 = {}
-    for method in fig1_methods(k):
-        runs = runs_of(method, "mnist", rounds=scale.rounds_fig5, availability="markov_clustered")
-        curves5[method.label] = summarize(runs)
-    fig5["d"] = {
-        "curves": curves5,
-        "ca_fed_minus_adafed": curves5["CA-Fed (kappa2=1)"]["final_mean"]
-        - curves5["AdaFed"]["final_mean"],
-        "paper_ca_fed_minus_adafed_pp": PAPER_FIG5D_GAIN_OVER_ADAFED,
-    }
-    plot_accuracy(curves5, out / "fig5d_accuracy.png", "Fig. 5d: MNIST, clustered availability")
-    results["fig5"] = fig5
-
-    _print_report(results)
-    write_json(out / "results.json", results)
-    return results
-
-
-def _print_report(results: dict) -> None:
-    print("\nCA-Fed reproduction (ours beside the paper's)")
-    for dataset, f in results["fig1"].items():
-        print(f"Fig. 1 {dataset}: final test accuracy (mean +- std over seeds)")
-        for label, s in f["curves"].items():
-            print(f"  {label:20s} {100 * s['final_mean']:6.2f} +- {100 * s['final_std']:.2f} %")
-        print(
-            f"  CA-Fed - AdaFed: ours {_pp(f['ca_fed_minus_adafed'])}, paper "
-            f"+{f['paper_ca_fed_minus_adafed_pp']:.2f} pp"
-        )
-    syn = results["fig1"]["synthetic"]["curves"]
-    print("Fig. 1d (Synthetic): mean cumulative weight per client of each class")
-    for label, s in syn.items():
-        cells = ", ".join(f"{n}: {v:.4f}" for n, v in s["class_weights"].items())
-        print(f"  {label:20s} {cells}")
-    print("Fig. 2a (Synthetic): final test accuracy")
-    for label, s in results["fig2a"].items():
-        print(f"  {label:20s} {100 * s['final_mean']:6.2f} %")
-    print(f"  paper: {PAPER_FIG2A}")
-    f5 = results["fig5"]
-    for panel in ("a", "b", "c"):
-        rates = ", ".join(f"{x:.2f}" for x in f5[panel]["inclusion_rate_per_cluster"])
-        print(
-            f"Fig. 5{panel} ({f5[panel]['partition']}): CA-Fed inclusion rate per cluster: {rates}"
-        )
-    print(
-        f"Fig. 5d: CA-Fed - AdaFed: ours {_pp(f5['d']['ca_fed_minus_adafed'])}, paper "
-        f"+{f5['d']['paper_ca_fed_minus_adafed_pp']:.1f} pp"
+    rep = Reproduction(
+        prof,
+        scale,
+        Study("ca_fed", profile=profile, size=size, seeds=seeds, out=out),
+        tuple(s for s in STRATEGIES if s in methods),
+        {},
     )
+    rep.results.update(
+        profile=dataclasses.asdict(prof),
+        scale=dataclasses.asdict(scale),
+        size=size,
+        seeds=seeds,
+        parts=list(parts),
+        methods=list(rep.methods),
+    )
+
+    def optima_for(clients: int) -> tuple[float, ...]:
+        """The code's fitted F_k^* of the Synthetic clients (code profile only)."""
+        if prof.optimum["synthetic"] != "given":
+            return ()
+        probe = make_config("unbiased", "synthetic", prof, scale, lr=(1, 1), rounds=1)
+        values = fitted_optima(probe.replace(num_clients=clients, per_round=clients))
+        o = np.asarray(values)
+        rep.results.setdefault("fitted_optima", {})[f"synthetic, N = {clients}"] = {
+            "mean": float(o.mean()),
+            "min": float(o.min()),
+            "max": float(o.max()),
+        }
+        return values
+
+    if any(p in parts for p in ("fig1_synthetic", "fig2a")):
+        rep.datasets["synthetic"] = {"optima": optima_for(k)}
+    if any(p in parts for p in ("fig1_mnist", "fig5")):
+        rep.datasets["mnist"] = {"data_path": mnist_path(scale, out, data_dir)}
+    needed = set(rep.methods) | (
+        {"ca_fed", "unbiased", "more_available"} if "fig2a" in parts else set()
+    )
+    rep.lrs, rep.results["learning_rates"] = learning_rates(
+        rep.datasets,
+        tuple(s for s in STRATEGIES if s in needed),
+        prof,
+        scale,
+        out,
+        tune=tune,
+        given=parse_lrs(lrs),
+    )
+    for part, dataset in (("fig1_synthetic", "synthetic"), ("fig1_mnist", "mnist")):
+        if part in parts:
+            add_fig1(rep, dataset)
+    if "fig2a" in parts:
+        add_fig2a(rep)
+    if "fig5" in parts:
+        add_fig5(rep)
+    if "control" in parts:
+        add_control(rep, optima_for(CONTROL_CLIENTS))
+    rep.study.run()
+
+    rep.md += [
+        f"# CA-Fed reproduction (profile {profile}, size {size}, {seeds} paired seeds)",
+        "",
+        f"N = {k} clients ({prof.mix} population, ids shuffled with seed {prof.id_seed}), "
+        f"oracle pi/lambda, linear classifier with ridge 1e-2, {scale.local_epochs} local "
+        "epochs, every kept available client trains. Cells: mean [95% CI] over seeds (final "
+        "test accuracy, %); paired differences in percentage points; diagnostics are means "
+        "over rounds and seeds.",
+    ]
+    report_lrs(rep, tune)
+    for part, dataset in (("fig1_synthetic", "synthetic"), ("fig1_mnist", "mnist")):
+        if part in parts:
+            report_fig1(rep, dataset, out)
+    if "fig1_synthetic" in parts:
+        report_fig1d(rep, out)
+    if "fig2a" in parts:
+        report_fig2a(rep, out)
+    if "fig5" in parts:
+        report_fig5(rep, out)
+    if "control" in parts:
+        report_control(rep)
+    rows = rep.study.verdicts(claims(parts, set(rep.labels), fig2_rounds(scale), scale))
+    if rows:
+        rep.section("Verdicts (paired differences, 95% CI)", verdict_table(rows))
+    rep.results["verdicts"] = rows
+    (out / "tables.md").write_text("\n".join(rep.md) + "\n")
+    write_json(out / "results.json", rep.results)
+    print(f"\nwritten: {out}/results.json, tables.md, verdicts.json, plots")
+    return rep.results

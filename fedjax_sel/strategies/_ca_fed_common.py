@@ -1,5 +1,6 @@
 """Pieces shared by CA-Fed and its baselines (Unbiased, More-available, AdaFed, F3AST):
-target importance ``alpha``, availability estimates (oracle or Bayesian), slot packing.
+target importance ``alpha``, availability estimates (oracle or Bayesian), slot packing, the
+per-round diagnostics, and the reference code's per-client optima ``F_k^*``.
 
 Availability estimates ``(pi_hat, lambda_hat)`` come from one of
 
@@ -15,6 +16,24 @@ The Beta prior is centred on ``pi_0 = 1/2, lambda_0 = 0`` (``prior="flat"``) or,
 reference code, on the true parameters (``prior="truth"``, needs an availability model that
 exposes them); its weight is ``prior_rounds`` pseudo-rounds (2 = a uniform Beta(1, 1) on pi;
 the reference code uses 100).
+
+Diagnostics (``Selection.diagnostics``, every round; design section 10), all fixed-size and
+O(K) to compute, none K-sized in the logs:
+
+* ``q_sum``, ``q_sum_sq``, ``q_max``: the sum of the trained clients' weights ``sum_k q_k``
+  (not normalised by Unbiased and CA-Fed: it scales the server step), its square (the mean of
+  both over rounds gives the standard deviation across rounds) and the largest single weight;
+* ``law``: the aggregation weights normalised over the trained clients (the engine reduces it
+  to ``law_entropy_ratio``, 1 = every available client trained with equal weight, and
+  ``law_max_over_uniform``); these methods draw nothing at random, so this is the law of the
+  weights, not of a draw;
+* ``group_size``, ``kept_by_group``, ``trained_by_group``, ``weight_by_group`` (float32[4]):
+  per group of clients (the classes of the paper's population, in
+  :data:`~fedjax_sel.availability.markov_population.CLASS_NAMES` order: less available when
+  ``pi < 1/2``, correlated when ``|lambda| >= 1/2``, from the true parameters when the
+  availability model exposes them, else from the estimates), the clients, those with
+  ``q_k > 0`` this round, those trained, and the sum of their weights. Fig. 1d's kept share
+  and cumulative weight per class follow from their means over rounds.
 """
 
 from __future__ import annotations
@@ -24,6 +43,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fedjax_sel.availability import estimators as est
 from fedjax_sel.base import Array, ConfigError, RoundInputs, Selection, Strategy, update_identity
@@ -32,6 +52,7 @@ from fedjax_sel.strategies._common import check_weighting
 ESTIMATOR_MODES = ("auto", "oracle", "bayes", "reference")
 PRIORS = ("flat", "truth")
 PI_FLOOR = 1e-6  # guards alpha / pi_hat against a client that is never online
+NUM_GROUPS = 4
 
 
 def check_availability_args(estimator: str, prior: str, prior_rounds: float, weighting: str):
@@ -97,12 +118,55 @@ def pack_slots(selected: Array, priority: Array, per_round: int) -> tuple[Array,
     return clients, selected[clients]
 
 
+def client_groups(inputs: RoundInputs, pi_hat: Array, lam_hat: Array) -> Array:
+    """int32[K] group of every client (see the module docstring): ``2 * (pi < 1/2) + (|lambda|
+    < 1/2)``, i.e. 0 more available and correlated, 1 more available and weakly correlated,
+    2 less available and correlated, 3 less available and weakly correlated. From the true
+    parameters when the availability model exposes them, else from the estimates."""
+    truth = inputs.availability_params
+    pi, lam = (truth.pi, truth.lam) if truth is not None else (pi_hat, lam_hat)
+    less = jnp.asarray(pi) < 0.5
+    weak = jnp.abs(jnp.asarray(lam)) < 0.5
+    return (2 * less.astype(jnp.int32) + weak.astype(jnp.int32)).astype(jnp.int32)
+
+
+def round_diagnostics(groups: Array, kept: Array, trained: Array, q: Array) -> dict[str, Array]:
+    """The per-round diagnostics of the module docstring from K-sized masks: ``kept`` (``q_k >
+    0``), ``trained`` (the clients that train this round), ``q`` (their weights, float32[K]).
+    Only fixed-size aggregates (and ``law``, which the engine reduces) are returned."""
+    w = jnp.where(trained, q, 0.0).astype(jnp.float32)
+    total = jnp.sum(w)
+
+    def by_group(x):
+        return jax.ops.segment_sum(x.astype(jnp.float32), groups, NUM_GROUPS)
+
+    return {
+        "q_sum": total,
+        "q_sum_sq": jnp.square(total),
+        "q_max": jnp.max(w),
+        "law": w / jnp.maximum(total, 1e-30),
+        "group_size": by_group(jnp.ones_like(w)),
+        "kept_by_group": by_group(kept),
+        "trained_by_group": by_group(trained),
+        "weight_by_group": by_group(w),
+    }
+
+
+def slot_mask(clients: Array, mask: Array, num_clients: int) -> Array:
+    """bool[K]: the clients that occupy a used slot."""
+    return jnp.zeros((num_clients,), bool).at[clients].max(mask)
+
+
+def slot_weights(clients: Array, mask: Array, weights: Array, num_clients: int) -> Array:
+    """float32[K]: each client's weight this round (0 for clients in no used slot)."""
+    w = jnp.where(mask, weights, 0.0).astype(jnp.float32)
+    return jnp.zeros((num_clients,), jnp.float32).at[clients].add(w)
+
+
 class CountsState(NamedTuple):
-    """State of the stateless-but-estimating baselines: the availability counts, and this
-    round's ``pi_hat`` (float32[K], for diagnostics)."""
+    """State of the stateless-but-estimating baselines: the availability counts."""
 
     counts: est.AvailabilityCounts
-    pi_hat: Array
 
 
 def availability_weighted(
@@ -116,23 +180,88 @@ def availability_weighted(
 ) -> Strategy:
     """A strategy that trains ``selected`` clients with weights ``q`` where
     ``rule(alpha, pi_hat, available) -> (selected bool[K], q float32[K])`` (Unbiased, AdaFed,
-    More-available). Slots go to the selected clients of largest ``q``."""
+    More-available). Slots go to the selected clients of largest ``q``. Its diagnostics are
+    those of the module docstring (``kept``: the clients the rule would train were they
+    available)."""
     check_availability_args(estimator, prior, prior_rounds, weighting)
 
     def init(key, spec):
         del key
-        k = spec.num_clients
-        return CountsState(est.init_counts(k), jnp.zeros((k,), jnp.float32))
+        return CountsState(est.init_counts(spec.num_clients))
 
     def select(state, inputs, oracle, key):
         del oracle, key
-        pi_hat, _, counts = availability_estimates(
+        pi_hat, lam_hat, counts = availability_estimates(
             state.counts, inputs, estimator=estimator, prior=prior, prior_rounds=prior_rounds
         )
         alpha = target_importance(inputs.num_examples, weighting)
         selected, q = rule(alpha, pi_hat, inputs.available)
         clients, mask = pack_slots(selected, q, per_round)
         weights = jnp.where(mask, q[clients], 0.0)
-        return Selection(clients, mask, weights), CountsState(counts, pi_hat)
+        k = inputs.available.shape[0]
+        kept, _ = rule(alpha, pi_hat, jnp.ones_like(inputs.available))
+        diagnostics = round_diagnostics(
+            client_groups(inputs, pi_hat, lam_hat),
+            kept,
+            slot_mask(clients, mask, k),
+            slot_weights(clients, mask, weights, k),
+        )
+        return Selection(clients, mask, weights, diagnostics=diagnostics), CountsState(counts)
 
     return Strategy(init, select, update_identity)
+
+
+# ----------------------------------------------------------------------------- F_k^*
+def fit_local_optimum(x: np.ndarray, y: np.ndarray, c: float = 1.0, max_iter: int = 1000):
+    """The reference code's ``F_k^*`` of one client (``utils/utils.py::get_local_optimums``,
+    ``reference/algorithms.md`` 1.5): scikit-learn's ``LogisticRegression(multi_class=
+    "multinomial", C=c, max_iter)`` fitted on the client's training examples, i.e. the
+    minimiser of ``c * sum_i CE_i + ||W||^2 / 2`` (intercepts not penalised) over the classes
+    present in ``y``, and ``F_k^*`` its mean training log-loss. A client with a single class
+    makes scikit-learn raise, and the code then uses ``F_k^* = 0``: so do we.
+
+    Returns ``(F_k^*, W float64[d, C'], b float64[C'], classes int[C'])`` (W, b: ``None`` when
+    ``F_k^* = 0`` by that rule).
+    """
+    from scipy.optimize import minimize
+    from scipy.special import logsumexp
+
+    x = np.asarray(x, np.float64).reshape(len(y), -1)
+    classes, y_idx = np.unique(np.asarray(y), return_inverse=True)
+    if len(classes) < 2:
+        return 0.0, None, None, classes
+    n, d = x.shape
+    m = len(classes)
+    onehot = np.eye(m)[y_idx]
+
+    def objective(theta):
+        w, b = theta[: d * m].reshape(d, m), theta[d * m :]
+        logits = x @ w + b
+        log_p = logits - logsumexp(logits, axis=1, keepdims=True)
+        ce = -np.sum(onehot * log_p)
+        g_logits = np.exp(log_p) - onehot
+        grad = np.concatenate([(c * x.T @ g_logits + w).ravel(), c * g_logits.sum(0)])
+        return c * ce + 0.5 * np.sum(w * w), grad
+
+    res = minimize(
+        objective,
+        np.zeros(d * m + m),
+        jac=True,
+        method="L-BFGS-B",
+        options={"maxiter": int(max_iter), "gtol": 1e-8},
+    )
+    w, b = res.x[: d * m].reshape(d, m), res.x[d * m :]
+    logits = x @ w + b
+    log_p = logits - logsumexp(logits, axis=1, keepdims=True)
+    return float(-np.mean(log_p[np.arange(n), y_idx])), w, b, classes
+
+
+def fit_local_optima(dataset, c: float = 1.0, max_iter: int = 1000) -> tuple[float, ...]:
+    """:func:`fit_local_optimum` of every client of a federated data set (its training split),
+    rounded to 6 decimals (they go into a configuration): CA-Fed's ``optimum="given"`` values
+    as the reference code computes them for its tabular (Synthetic) data."""
+    train = dataset.train
+    return tuple(
+        round(fit_local_optimum(*train.client_arrays(k), c=c, max_iter=max_iter)[0], 6)
+        for k in range(train.num_clients)
+    )

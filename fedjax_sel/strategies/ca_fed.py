@@ -15,11 +15,21 @@ One round (Algorithm 1, lines 3-12):
    the server learning rate (eq. 3, line 12): the weights are not normalised.
 
 Where the paper and the public code (``reference/algorithms.md`` 2) differ, the code's choice is
-an option: ``lambda_order="abs"`` (the code sorts by ``|lambda_hat|``), ``optimum="zero"`` (the
-code's ``F_k^* = 0`` on MNIST/CIFAR), ``loss_source="validation"`` (the code's loss on the
-clients' held-out split), ``estimator="reference"`` (its biased ``lambda_hat``). The code's
-``bias_const`` c multiplies ``max g * TV^2`` without the factor 4 of eq. 20: ``c = 4 kappa2``.
-The code's ``smoothness_param`` s weights the old estimate: ``beta = 1 - s``.
+an option: ``lambda_order="abs"`` (the code sorts by ``|lambda_hat|``), ``loss_source=
+"validation"`` (the code's loss of the current model on the clients' held-out split, every
+round) with a fixed ``F_k^*``: ``optimum="zero"`` (the code's ``F_k^* = 0`` on MNIST/CIFAR,
+where its scikit-learn fit fails) or ``optimum="given"`` with ``optimum_values`` (the code's
+per-client fit on Synthetic, :func:`fedjax_sel.strategies._ca_fed_common.fit_local_optima`),
+``estimator="reference"`` (its biased ``lambda_hat``). ``kappa2`` is always in eq. 20's units:
+the code's ``bias_const`` c multiplies ``max g * TV^2`` without the factor 4 of eq. 20, so
+``c = 4 kappa2`` and the code's ``bias_const = 1`` (every script) is ``kappa2 = 0.25``. The
+code's ``smoothness_param`` s weights the old estimate: ``beta = 1 - s``.
+
+Diagnostics (every round, :mod:`fedjax_sel.strategies._ca_fed_common` for the shared ones):
+``excluded`` (clients with ``q_k = 0``), ``excluded_available`` (available ones among them),
+``gamma`` (``Gamma'``, eq. 19), ``eps_hat`` (eq. 20 on the kept set), the weight sums, the
+weight ``law`` and the per-group counts. ``trace=True`` adds the K-sized ``kept`` and
+``available`` masks (as 0/1 floats) for maps of single runs (Fig. 5); leave it off at large K.
 
 A flat proxy: when every ``g_k = 0`` (so ``Gamma' = 0``; with ``F_hat^*`` the running minimum this
 is always the case in the first round, and whenever no client's loss rose), ``eps_hat`` is the
@@ -36,11 +46,11 @@ import jax.numpy as jnp
 
 from fedjax_sel.availability import estimators as est
 from fedjax_sel.base import Array, ConfigError, Selection, Strategy, update_identity
-from fedjax_sel.kernels.ca_fed import LAMBDA_ORDERS, ca_fed_exclusions
+from fedjax_sel.kernels.ca_fed import LAMBDA_ORDERS, ca_fed_exclusions, ca_fed_objective
 from fedjax_sel.strategies import _ca_fed_common as common
 from fedjax_sel.strategies.registry import register_strategy
 
-OPTIMA = ("running_min", "zero")
+OPTIMA = ("running_min", "zero", "given")
 LOSS_SOURCES = ("batch", "train", "validation")
 
 
@@ -52,19 +62,12 @@ class CAFedState(NamedTuple):
       loss_est: float32[K], ``F_hat`` (eq. 17).
       loss_min: float32[K], ``F_hat^*``, the running minimum of ``F_hat`` (+inf before any).
       started: bool scalar, some client has reported a loss.
-      kept: bool[K], this round's ``q_k > 0`` (after both passes of ``get()``).
-      gamma: float32 scalar, this round's ``Gamma'``.
-      pi_hat, lam_hat: float32[K], this round's availability estimates.
     """
 
     counts: est.AvailabilityCounts
     loss_est: Array
     loss_min: Array
     started: Array
-    kept: Array
-    gamma: Array
-    pi_hat: Array
-    lam_hat: Array
 
 
 def update_loss_estimates(
@@ -100,6 +103,7 @@ def ca_fed(
     tau: float = 0.0,
     beta: float = 1.0,
     optimum: str = "running_min",
+    optimum_values: tuple[float, ...] = (),
     loss_source: str = "batch",
     loss_batch_size: int = 32,
     lambda_order: str = "signed",
@@ -108,6 +112,7 @@ def ca_fed(
     prior_rounds: float = 2.0,
     weighting: str = "size",
     keep_all_when_flat: bool = True,
+    trace: bool = False,
 ) -> Strategy:
     """CA-Fed (Algorithm 1; see the module docstring).
 
@@ -120,7 +125,9 @@ def ca_fed(
       tau: threshold ``tau >= 0`` of the greedy (line 19).
       beta: eq. 17's weight of the new loss, in (0, 1]; 1 keeps only the latest report (the
         paper's experiments: the code's smoothness 0).
-      optimum: ``running_min`` (``F_hat^* = min_s F_hat^(s)``, section IV-B) or ``zero``.
+      optimum: ``running_min`` (``F_hat^* = min_s F_hat^(s)``, section IV-B), ``zero`` or
+        ``given`` (``optimum_values``).
+      optimum_values: ``F_k^*`` of every client (``optimum="given"``; K values).
       loss_source: the reported ``F_k^(t)``: ``batch`` (one minibatch of ``loss_batch_size``
         training examples, line 3), ``train`` (all training examples) or ``validation`` (the
         client's held-out split, the reference code; needs ``test_fraction > 0``).
@@ -132,6 +139,7 @@ def ca_fed(
       prior_rounds: the Beta prior's weight H in pseudo-rounds.
       weighting: ``alpha``: ``size`` (``n_k / n``, the paper) or ``uniform``.
       keep_all_when_flat: keep every client when ``Gamma' = 0`` (see the module docstring).
+      trace: add the K-sized ``kept`` and ``available`` masks to the diagnostics.
     """
     common.check_availability_args(estimator, prior, prior_rounds, weighting)
     if not kappa2 >= 0:
@@ -148,20 +156,25 @@ def ca_fed(
         raise ConfigError(f"ca_fed loss_batch_size must be >= 1, got {loss_batch_size}")
     if lambda_order not in LAMBDA_ORDERS:
         raise ConfigError(f"ca_fed lambda_order must be one of {LAMBDA_ORDERS}: {lambda_order!r}")
+    if (optimum == "given") != bool(optimum_values):
+        raise ConfigError(
+            "ca_fed optimum_values (one F_k^* per client) go with optimum='given' and only with "
+            f"it; got optimum={optimum!r} and {len(optimum_values)} value(s)"
+        )
+    given = jnp.asarray(optimum_values, jnp.float32)
 
     def init(key, spec):
         del key
         k = spec.num_clients
-        zeros = jnp.zeros((k,), jnp.float32)
+        if optimum == "given" and len(optimum_values) != k:
+            raise ConfigError(
+                f"ca_fed optimum_values has {len(optimum_values)} value(s) for {k} clients"
+            )
         return CAFedState(
             counts=est.init_counts(k),
-            loss_est=zeros,
+            loss_est=jnp.zeros((k,), jnp.float32),
             loss_min=jnp.full((k,), jnp.inf, jnp.float32),
             started=jnp.zeros((), bool),
-            kept=jnp.ones((k,), bool),
-            gamma=jnp.zeros((), jnp.float32),
-            pi_hat=zeros,
-            lam_hat=zeros,
         )
 
     def reported_losses(inputs, oracle, key):
@@ -174,6 +187,13 @@ def ca_fed(
             raise ConfigError("ca_fed loss_source=validation needs per-client test splits")
         return oracle.client_test_loss(inputs.params, every)
 
+    def optimum_estimate(loss_min):
+        if optimum == "running_min":
+            return loss_min
+        if optimum == "zero":
+            return jnp.zeros_like(loss_min)
+        return given
+
     def select(state, inputs, oracle, key):
         pi_hat, lam_hat, counts = common.availability_estimates(
             state.counts, inputs, estimator=estimator, prior=prior, prior_rounds=prior_rounds
@@ -182,8 +202,7 @@ def ca_fed(
         loss_est, loss_min, started = update_loss_estimates(
             state.loss_est, state.loss_min, state.started, loss, inputs.available, beta
         )
-        optimum_est = loss_min if optimum == "running_min" else jnp.zeros_like(loss_min)
-        gap = jnp.where(started, loss_est - optimum_est, 0.0)
+        gap = jnp.where(started, loss_est - optimum_estimate(loss_min), 0.0)
         alpha = common.target_importance(inputs.num_examples, weighting)
         kept, gamma = ca_fed_exclusions(
             alpha, gap, pi_hat, lam_hat, kappa2=kappa2, tau=tau, lambda_order=lambda_order
@@ -193,13 +212,24 @@ def ca_fed(
         q = alpha / pi_hat
         clients, mask = common.pack_slots(kept & inputs.available, q, per_round)
         weights = jnp.where(mask, q[clients], 0.0)
-        new_state = CAFedState(
-            counts, loss_est, loss_min, started, kept, gamma.astype(jnp.float32), pi_hat, lam_hat
+        k = inputs.available.shape[0]
+        diagnostics = common.round_diagnostics(
+            common.client_groups(inputs, pi_hat, lam_hat),
+            kept,
+            common.slot_mask(clients, mask, k),
+            common.slot_weights(clients, mask, weights, k),
         )
-        return Selection(clients, mask, weights), new_state
+        diagnostics.update(
+            excluded=jnp.sum(~kept),
+            excluded_available=jnp.sum(~kept & inputs.available),
+            gamma=gamma.astype(jnp.float32),
+            eps_hat=ca_fed_objective(alpha, gap, gamma, kept, kappa2).astype(jnp.float32),
+        )
+        if trace:
+            diagnostics.update(
+                kept=kept.astype(jnp.float32), available=inputs.available.astype(jnp.float32)
+            )
+        new_state = CAFedState(counts, loss_est, loss_min, started)
+        return Selection(clients, mask, weights, diagnostics=diagnostics), new_state
 
-    def metrics(state, params, evaluator):
-        del params, evaluator
-        return {"ca_fed_kept": jnp.sum(state.kept), "ca_fed_gamma": state.gamma}
-
-    return Strategy(init, select, update_identity, metrics=metrics)
+    return Strategy(init, select, update_identity)

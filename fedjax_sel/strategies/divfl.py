@@ -93,6 +93,18 @@ def facility_location_greedy(
     return picks, valid
 
 
+def coverage(dist: Array, cover: Array, picks: Array, valid: Array) -> dict[str, Array]:
+    """Diagnostics of a selection: ``cover_cost``, the facility-location cost
+    ``G(S) = sum_{i in cover} min_{j in S} dist[i, j]`` divided by ``|cover|`` (the mean
+    distance of a covered client's direction to its nearest pick), and ``cover_size``."""
+    to_picks = jnp.where(valid[None, :], dist[:, picks], jnp.inf)
+    nearest = jnp.min(to_picks, axis=1)
+    covered = cover & jnp.isfinite(nearest)
+    n = jnp.sum(cover).astype(jnp.float32)
+    cost = jnp.sum(jnp.where(covered, nearest, 0.0)) / jnp.maximum(n, 1.0)
+    return {"cover_cost": cost, "cover_size": n}
+
+
 @register_strategy(
     "divfl",
     description="DivFL: greedy facility-location selection over stale client update directions",
@@ -119,6 +131,9 @@ def divfl(
       warm_start: every available client trains in the first round to initialise the
         directions (see the module docstring).
       weighting: aggregation weights, ``size`` (FedAvg) or ``uniform``.
+
+    Diagnostics (every round): ``cover_cost`` and ``cover_size`` (:func:`coverage`); the
+    selection is deterministic given the directions, so there is no sampling ``law``.
     """
     if cover not in COVER:
         raise ConfigError(f"divfl cover must be one of {COVER}, got {cover!r}")
@@ -152,11 +167,12 @@ def divfl(
         k_count = state.known.shape[0]
         covered = inputs.available if cover == "available" else state.known | inputs.available
         priority = jax.random.uniform(key, (k_count,))
+        dist = pairwise_distances(state.updates)
         clients, mask = facility_location_greedy(
-            pairwise_distances(state.updates), inputs.available, covered, per_round, priority
+            dist, inputs.available, covered, per_round, priority
         )
         weights = fedavg_weights(inputs.num_examples, clients, mask, weighting)
-        return Selection(clients, mask, weights)
+        return Selection(clients, mask, weights, diagnostics=coverage(dist, covered, clients, mask))
 
     def warm(state: DivFLState, inputs: RoundInputs, oracle, key):
         k_count = state.known.shape[0]

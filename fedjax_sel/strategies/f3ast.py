@@ -11,7 +11,8 @@ estimates client ``k``'s participation rate:
 * ``variant="reference"``: the CA-Fed code's non-recursive rate of availability,
   ``r_k = (1 - beta) pi_hat_k + beta`` for the available clients, recomputed every round.
 
-``beta = 0`` means ``1 / T`` (the code's hard-wired choice).
+``beta = 0`` means ``1 / T`` (the code's hard-wired choice). Diagnostics: those of
+:mod:`fedjax_sel.strategies._ca_fed_common` (its "kept" clients are the selected ones).
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def f3ast(
 
     def select(state, inputs, oracle, key):
         del oracle, key
-        pi_hat, _, counts = common.availability_estimates(
+        pi_hat, lam_hat, counts = common.availability_estimates(
             state.counts, inputs, estimator=estimator, prior=prior, prior_rounds=prior_rounds
         )
         b = state.beta
@@ -95,9 +96,19 @@ def f3ast(
         clients = jnp.concatenate([chosen, jnp.zeros((pad,), jnp.int32)])
         mask = jnp.concatenate([chosen_ok, jnp.zeros((pad,), bool)])
         weights = jnp.where(mask, (alpha / rate)[clients], 0.0)
+        k = inputs.available.shape[0]
+        picked = common.slot_mask(clients, mask, k)
+        # F3AST excludes nobody for good: its "kept" clients are this round's selected ones
+        diagnostics = common.round_diagnostics(
+            common.client_groups(inputs, pi_hat, lam_hat),
+            picked,
+            picked,
+            common.slot_weights(clients, mask, weights, k),
+        )
         if variant == "paper":
-            picked = jnp.zeros_like(inputs.available).at[chosen].max(chosen_ok)
             rate = (1 - b) * state.rate + b * picked.astype(jnp.float32)
-        return Selection(clients, mask, weights), F3astState(counts, rate, b)
+        return Selection(clients, mask, weights, diagnostics=diagnostics), F3astState(
+            counts, rate, b
+        )
 
     return Strategy(init, select, update_identity)

@@ -1,5 +1,5 @@
 """FilFL: client filtering before client selection (Fourati, Kharrat, Aggarwal, Alouini and
-Canini, ECAI 2024; ``papers/filfl.txt``, Algorithms 1-2, eqs. 3-4).
+Canini, ECAI 2024, arXiv:2302.06599; Algorithms 1-2, eqs. 3-4).
 
 Algorithm 1. In a *filtering round* (the first round, every ``period`` = h rounds, and whenever
 the available set differs from the previous round's) every considered available client trains
@@ -21,7 +21,7 @@ the validation split of one available client drawn at random each filtering roun
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -40,7 +40,9 @@ from fedjax_sel.kernels.double_greedy import (
     VALUE_FLOOR,
     brute_force_filter,
     check_variant,
+    clamp_value,
     filter_clients,
+    set_value_ratio,
 )
 from fedjax_sel.kernels.sampling import uniform_without_replacement
 from fedjax_sel.registry import parse_pairs
@@ -54,52 +56,85 @@ IF_EMPTY = ("none", "all")
 CODE_OFFSET = 10.0  # the reference code maximises f = 10 - F_V with f(empty) = 0
 
 
-class FilterLog(NamedTuple):
-    """Per-round record of the filtering (arrays over the planned rounds; -1 / NaN in rounds
-    that did not filter).
-
-    Attributes:
-      size: int32[T], |S^f| after filtering (Fig. 10's filtering rate).
-      considered: int32[T], clients that trained and were considered.
-      value: float32[T], R(S^f) of the variant used.
-      value_all: float32[T], R of all considered clients (no filtering).
-      value_empty: float32[T], R of the empty set (``VALUE_FLOOR`` when infeasible).
-      value_dgf, value_rgf, value_opt: float32[T], R(X_n) of DGF and RGF and the brute-force
-        optimum over non-empty subsets (``track_opt=True`` only; Fig. 11).
-    """
-
-    size: Array
-    considered: Array
-    value: Array
-    value_all: Array
-    value_empty: Array
-    value_dgf: Array
-    value_rgf: Array
-    value_opt: Array
-
-
 class FilFLState(NamedTuple):
     """``filtered``: bool[K] S^f; ``last_available``: bool[K] S_{t-1}; ``has_filter``: whether
-    a filtering round happened; ``inner``: the inner selector's state; ``log``: a
-    :class:`FilterLog`."""
+    a filtering round happened; ``inner``: the inner selector's state."""
 
     filtered: Array
     last_available: Array
     has_filter: Array
     inner: Any
-    log: FilterLog
+
+
+def diagnostic_keys(empty_value: str, track_opt: bool) -> tuple[str, ...]:
+    """The keys of :func:`filfl`'s per-round ``Selection.diagnostics`` (besides the inner
+    selector's, see :func:`filfl`); static for a configuration."""
+    keys = [
+        "filter_round",
+        "considered",
+        "kept",
+        "removed",
+        "filter_rate",
+        "worse",
+        "worse_share",
+        "worse_removed",
+        "value",
+        "value_all",
+        "value_global",
+    ]
+    if empty_value != "infeasible":  # the infeasible empty set's value is VALUE_FLOOR
+        keys.append("value_empty")
+    if track_opt:
+        keys += ["value_dgf", "value_rgf", "value_opt", "ratio_dgf", "ratio_rgf"]
+        keys += ["loss_ratio_dgf", "loss_ratio_rgf"]
+    return tuple(keys)
+
+
+def filter_diagnostics(
+    valid: Array,
+    keep: Array,
+    value_global: Array,
+    local_values: Array,
+    values: dict[str, Array],
+) -> dict[str, Array]:
+    """What one filtering pass did, as float32 scalars.
+
+    Args:
+      valid: bool[n], the considered slots (clients that trained this round).
+      keep: bool[n], the filtered-in slots (S^f).
+      value_global: R of the current global model, ``-F_V(w_t)``.
+      local_values: float32[n], R of each local model alone, ``-F_V(w^k)``.
+      values: the greedy's values (``value``, ``value_all`` ...), passed through.
+
+    Returns:
+      ``considered`` (n), ``kept`` (|S^f|), ``removed``, ``filter_rate`` (|S^f| / n, Fig. 10),
+      ``worse`` (local models whose loss on V exceeds the global model's; a non-finite loss
+      counts as worse), ``worse_share`` (``worse / n``), ``worse_removed`` (how many of those
+      the filter removed) and ``values``.
+    """
+    n = jnp.sum(valid).astype(jnp.float32)
+    kept = jnp.sum(keep & valid).astype(jnp.float32)
+    worse = valid & (clamp_value(local_values) < clamp_value(value_global))
+    n_worse = jnp.sum(worse).astype(jnp.float32)
+    out = {
+        "filter_round": jnp.ones((), jnp.float32),
+        "considered": n,
+        "kept": kept,
+        "removed": n - kept,
+        "filter_rate": kept / jnp.maximum(n, 1.0),
+        "worse": n_worse,
+        "worse_share": n_worse / jnp.maximum(n, 1.0),
+        "worse_removed": jnp.sum(worse & ~keep).astype(jnp.float32),
+        "value_global": jnp.asarray(value_global, jnp.float32),
+    }
+    out.update({k: jnp.asarray(v, jnp.float32) for k, v in values.items()})
+    return out
 
 
 def parse_inner_args(text: str) -> dict[str, str]:
     """``"d=20;variant=cpow"`` -> ``{"d": "20", "variant": "cpow"}`` (``;`` separates pairs so
     that the CLI's comma-separated ``--strategy-arg`` list can carry them)."""
     return parse_pairs(text, what="filfl inner_args", sep=";")
-
-
-def _log_row(size, considered, values) -> tuple:
-    return (jnp.asarray(size, jnp.int32), jnp.asarray(considered, jnp.int32)) + tuple(
-        jnp.asarray(v, jnp.float32) for v in values
-    )
 
 
 def _gather_slots(result: TrainResult, slot: Array, mask: Array, params) -> TrainResult:
@@ -137,16 +172,16 @@ def _gather_slots(result: TrainResult, slot: Array, mask: Array, params) -> Trai
 def filfl(
     *,
     per_round: int,
-    inner: str = "uniform",
+    inner: Literal["uniform", "power_of_choice", "divfl"] = "uniform",
     inner_args: str = "",
-    variant: str = "rgf",
+    variant: Literal["dgf", "rgf"] = "rgf",
     period: int = 5,
     considered: int = 0,
     filter_size: int = 0,
-    filter_data: str = "server",
-    empty_value: str = "infeasible",
-    ties: str = "remove",
-    if_empty: str = "none",
+    filter_data: Literal["server", "client"] = "server",
+    empty_value: Literal["infeasible", "global", "code"] = "infeasible",
+    ties: Literal["remove", "add"] = "remove",
+    if_empty: Literal["none", "all"] = "none",
     weighting: str = "uniform",
     track_opt: bool = False,
 ) -> Strategy:
@@ -182,6 +217,18 @@ def filfl(
         line 19) or ``size``.
       track_opt: also run both greedies and the brute force over all ``2^n - 1`` subsets in
         each filtering round and log their values (needs ``considered <= 16``; Fig. 11).
+
+    Diagnostics (``Selection.diagnostics``, every round; :func:`diagnostic_keys`): in a
+    filtering round ``filter_round = 1`` and :func:`filter_diagnostics`' counts and values
+    (``filter_rate = |S^f| / n``; ``worse``, ``worse_share``, ``worse_removed``: local models
+    worse than the global model on V and how many of them the filter removed; ``value``,
+    ``value_all``, ``value_global``, ``value_empty``: R(S^f), R of all n, R(w_t), R(empty);
+    with ``track_opt`` both greedies' values, the optimum and the ratios
+    ``ratio_dgf/rgf = (10 + R(S)) / (10 + R(OPT))`` and ``loss_ratio_dgf/rgf = F_V(OPT) /
+    F_V(S)``); in the other rounds all of these are 0, so a mean over filtering rounds is the
+    mean of a key over rounds divided by the mean of ``filter_round``. The inner selector's
+    diagnostics pass through (its ``law``, over the eligible clients, as ``law``; the others
+    as ``inner_<key>``).
     """
     check_variant(variant, ties)
     period, considered, filter_size = int(period), int(considered), int(filter_size)
@@ -207,6 +254,8 @@ def filfl(
         kwargs.setdefault("weighting", weighting)
     inner_strategy = make_strategy(inner, per_round, **kwargs)
 
+    keys = diagnostic_keys(empty_value, track_opt)
+
     def init(key, spec: SimSpec) -> FilFLState:
         k = spec.num_clients
         n = considered or k
@@ -217,19 +266,17 @@ def filfl(
                 f"filfl track_opt needs considered <= {MAX_BRUTE_FORCE} (brute force over "
                 f"2^n - 1 subsets), got n={n}; set considered=N"
             )
-        t = spec.num_rounds
-        nan = jnp.full((t,), jnp.nan, jnp.float32)
-        minus = jnp.full((t,), -1, jnp.int32)
         return FilFLState(
             filtered=jnp.zeros((k,), bool),
             last_available=jnp.zeros((k,), bool),
             has_filter=jnp.zeros((), bool),
             inner=inner_strategy.init(key, spec),
-            log=FilterLog(minus, minus, *([nan] * 6)),
         )
 
     def choose(inner_state, inputs: RoundInputs, eligible, oracle, key):
-        """The inner selector on ``eligible``, or all of it when it fits (Algorithm 1, l. 6)."""
+        """The inner selector on ``eligible``, or all of it when it fits (Algorithm 1, l. 6);
+        the inner selector's diagnostics come along (``law`` as it is, the others prefixed
+        ``inner_``)."""
         k_inner, k_all = jax.random.split(key)
         sel, inner_state = inner_strategy.select(
             inner_state, inputs._replace(available=eligible), oracle, k_inner
@@ -237,11 +284,15 @@ def filfl(
         all_clients, all_mask = uniform_without_replacement(k_all, eligible, per_round)
         fits = jnp.sum(eligible) <= per_round
         all_weights = fedavg_weights(inputs.num_examples, all_clients, all_mask, weighting)
+        diagnostics = {
+            (k if k == "law" else f"inner_{k}"): v for k, v in (sel.diagnostics or {}).items()
+        }
         # an inner selector's own train_result is dropped (XLA removes the unused work)
         sel = Selection(
             clients=jnp.where(fits, all_clients, sel.clients).astype(jnp.int32),
             mask=jnp.where(fits, all_mask, sel.mask),
             weights=jnp.where(fits, all_weights, sel.weights),
+            diagnostics=diagnostics,
         )
         return sel, inner_state
 
@@ -263,8 +314,9 @@ def filfl(
         slots, valid = uniform_without_replacement(k_order, inputs.available, n)
         trained = oracle.train(inputs.params, slots, oracle.train_key, valid)
         objective = objective_fn(oracle, slots, valid, k_data)
+        value_global = objective(inputs.params)
         if empty_value == "global":
-            value_empty = objective(inputs.params)
+            value_empty = value_global
         elif empty_value == "code":
             value_empty = jnp.asarray(-CODE_OFFSET, jnp.float32)
         else:
@@ -282,52 +334,47 @@ def filfl(
         sel = sel._replace(
             train_result=_gather_slots(trained, slot_of[sel.clients], sel.mask, inputs.params)
         )
-        values = [result.value, result.value_full, value_empty, jnp.nan, jnp.nan, jnp.nan]
+        values = {"value": result.value, "value_all": result.value_full}
+        if empty_value != "infeasible":
+            values["value_empty"] = value_empty
         if track_opt:
             other = "rgf" if variant == "dgf" else "dgf"
             second = filter_clients(
-                trained.params,
-                valid,
-                objective,
-                value_empty,
-                variant=other,
-                key=k_other,
-                ties=ties,
+                trained.params, valid, objective, value_empty, variant=other, key=k_other, ties=ties
             )
             dgf, rgf = (result, second) if variant == "dgf" else (second, result)
             opt = brute_force_filter(trained.params, valid, objective, value_empty)
-            values[3:] = [dgf.value, rgf.value, opt.value]
-        row = _log_row(jnp.sum(keep), jnp.sum(valid), values)
-        return sel, inner_state, filtered, row
+            values.update(value_dgf=dgf.value, value_rgf=rgf.value, value_opt=opt.value)
+            for name, r in (("dgf", dgf), ("rgf", rgf)):
+                values[f"ratio_{name}"] = set_value_ratio(r.value, opt.value, CODE_OFFSET)
+                values[f"loss_ratio_{name}"] = opt.value / r.value  # F_V(OPT) / F_V(S)
+        # R of each local model alone: only for the diagnostics (n forward passes over V)
+        local_values = jax.vmap(objective)(trained.params)
+        diagnostics = filter_diagnostics(valid, keep, value_global, local_values, values)
+        sel = sel._replace(diagnostics={**sel.diagnostics, **diagnostics})
+        return sel, inner_state, filtered
 
     def regular_round(state: FilFLState, inputs: RoundInputs, oracle, key):
         eligible = inputs.available & state.filtered
         sel, inner_state = choose(state.inner, inputs, eligible, oracle, key)
         trained = oracle.train(inputs.params, sel.clients, oracle.train_key, sel.mask)
-        sel = sel._replace(train_result=trained)
-        row = _log_row(-1, -1, [jnp.nan] * 6)
-        return sel, inner_state, state.filtered, row
+        zeros = {name: jnp.zeros((), jnp.float32) for name in keys}
+        sel = sel._replace(train_result=trained, diagnostics={**sel.diagnostics, **zeros})
+        return sel, inner_state, state.filtered
 
     def select(state: FilFLState, inputs: RoundInputs, oracle, key):
         changed = jnp.any(inputs.available != state.last_available)
         do_filter = (~state.has_filter) | (inputs.round % period == 0) | changed
-        sel, inner_state, filtered, row = jax.lax.cond(
+        sel, inner_state, filtered = jax.lax.cond(
             do_filter,
             lambda: filtering_round(state, inputs, oracle, key),
             lambda: regular_round(state, inputs, oracle, key),
-        )
-        log = FilterLog(
-            *(
-                col.at[inputs.round].set(v, mode="drop")
-                for col, v in zip(state.log, row, strict=True)
-            )
         )
         new_state = FilFLState(
             filtered=filtered,
             last_available=inputs.available,
             has_filter=jnp.ones((), bool),
             inner=inner_state,
-            log=log,
         )
         return sel, new_state
 
