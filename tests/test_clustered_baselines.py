@@ -1,6 +1,8 @@
 """FedCVR-Bolt's baselines: Active FL (steps against a NumPy transcription, valuations, the
-softmax law), IFCA and FeSEM (argmin rules and per-cluster averages against NumPy; planted
-label-flip clusters recovered in the engine, scored per client under the assigned model)."""
+softmax law, fresh valuations of every available client, the alpha3 = 0 lock-in and the
+diagnostics against NumPy), IFCA and FeSEM (argmin rules and per-cluster averages against
+NumPy; planted label-flip clusters recovered in the engine, scored per client under the
+assigned model)."""
 
 from __future__ import annotations
 
@@ -55,7 +57,13 @@ def _fake_oracle(loss_of_client):
         del params, key
         return loss_of_client[clients]
 
-    return ClientOracle(loss=loss, batch_loss=None, all_losses=None, train=None, train_key=None)
+    def all_losses(params):
+        del params
+        return loss_of_client
+
+    return ClientOracle(
+        loss=loss, batch_loss=None, all_losses=all_losses, train=None, train_key=None
+    )
 
 
 def test_active_fl_valuations_first_round_and_softmax_law():
@@ -112,9 +120,54 @@ def test_active_fl_uniform_share_and_errors():
         ({"alpha3": 1.5}, "alpha3"),
         ({"alpha2": -1.0}, "alpha2"),
         ({"valuation_kind": "grad"}, "grad"),
+        ({"refresh": "some"}, "refresh"),
+        ({"refresh": "available", "valuation_kind": "train_loss"}, "train_loss"),
     ):
         with pytest.raises(ConfigError, match=match):
             make_strategy("active_fl", 2, **bad)
+
+
+def test_active_fl_refresh_lock_in_and_diagnostics():
+    """FedCVR-Bolt's setting (alpha1 = 0.8, alpha2 = 1, alpha3 = 0): with the paper's refresh
+    (participants only) the first round's m clients are drawn forever; with every available
+    client's valuation fresh, the kept set is the top ``(1 - alpha1) n`` by valuation, and the
+    diagnostics match a NumPy softmax over it."""
+    k, m = 20, 2
+    n = jnp.asarray(np.arange(1, k + 1) ** 2, jnp.int32)
+    loss_of_client = jnp.asarray(np.random.default_rng(3).uniform(0.1, 0.3, k), jnp.float32)
+    params = {"w": jnp.zeros(2)}
+    spec = SimSpec(k, m, 10, n, params)
+    oracle = _fake_oracle(loss_of_client)
+    afl = dict(alpha1=0.8, alpha2=1.0, alpha3=0.0)
+
+    def rounds(strat, count=4):
+        state = strat.init(jax.random.key(0), spec)
+        picked, diags = [], []
+        for t in range(count):
+            inputs = RoundInputs(jnp.int32(t), jnp.ones(k, bool), params, n)
+            sel, state = strat.select(state, inputs, oracle, jax.random.key(t))
+            picked.append(sorted(np.asarray(sel.clients).tolist()))
+            diags.append({key: np.asarray(v) for key, v in sel.diagnostics.items()})
+        return picked, diags
+
+    picked, diags = rounds(make_strategy("active_fl", m, **afl))
+    assert all(p == picked[0] for p in picked)  # locked onto the first round's clients
+    assert [float(d["kept"]) for d in diags] == [0.0, m, m, m]
+
+    picked, diags = rounds(make_strategy("active_fl", m, refresh="available", **afl))
+    v = np.sqrt(np.asarray(n, np.float64)) * np.asarray(loss_of_client)  # sqrt(n) * mean loss
+    kept = np.argsort(v)[int(0.8 * k) :]
+    q = np.zeros(k)
+    q[kept] = np.exp(v[kept] - v[kept].max())
+    q /= q.sum()
+    d = diags[0]
+    assert float(d["kept"]) == len(kept) == 4
+    np.testing.assert_allclose(d["law"], q, rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(d["top_mass"], np.sort(q)[-m:].sum(), rtol=1e-4)
+    ent = -np.sum(q[kept] * np.log(q[kept])) / np.log(len(kept))
+    np.testing.assert_allclose(d["soft_entropy_ratio"], ent, rtol=1e-4)
+    np.testing.assert_allclose(d["logit_spread"], np.ptp(v[kept]), rtol=1e-4)
+    assert all(set(p) <= set(kept.tolist()) for p in picked)  # only the top 4 are drawn
 
 
 # ---------------------------------------------------------------- IFCA / FeSEM pieces

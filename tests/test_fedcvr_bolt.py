@@ -1,6 +1,8 @@
 """FedCVR-Bolt strategy (Algorithm 1): the table / mean / covariance step against a NumPy
 transcription of eqs. 9 and 11 with explicit ``C^d`` matrices, one draw per coalition on planted
-coalitions, the warm-up, degenerate inputs, the model sketch, and the round in the engine."""
+coalitions, the scale-free option against a NumPy standardisation, beta = 0 uniform within
+coalitions, the diagnostics (coalition sizes, adjusted Rand index, per-coalition entropy) on a
+planted case, the warm-up, degenerate inputs, the model sketch, and the round in the engine."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import pytest
 
 from fedjax_sel.base import ConfigError, RoundInputs, SimSpec
 from fedjax_sel.data import load_dataset
+from fedjax_sel.kernels.boltzmann import sample_per_coalition, standardize_within
 from fedjax_sel.kernels.covariance import init_covariance, value_vector
 from fedjax_sel.kernels.spectral import CoalitionConfig
 from fedjax_sel.models import make_model
@@ -23,7 +26,8 @@ from fedjax_sel.training import LocalConfig
 
 FAST = CoalitionConfig(n_init=2)  # fewer k-means seedings keep the tests quick
 select_jit = jax.jit(
-    select_clients, static_argnames=("per_round", "beta", "coalitions", "fill_empty")
+    select_clients,
+    static_argnames=("per_round", "beta", "value_scale", "coalitions", "fill_empty"),
 )
 
 
@@ -205,6 +209,10 @@ def test_warmup_is_uniform_then_boltzmann():
 
         return jax.vmap(one)(keys)
 
+    inputs = RoundInputs(jnp.int32(2), jnp.ones(k, bool), params, jnp.full((k,), 10))
+    diag = strat.select(state, inputs, None, jax.random.key(0))[0].diagnostics
+    np.testing.assert_allclose(np.asarray(diag["law"]), 1.0 / k)  # the warm-up law: uniform
+    assert float(diag["in_warmup"]) == 1.0
     warm = np.asarray(many(jnp.int32(2)))
     freq = np.bincount(warm.ravel(), minlength=k) / n  # uniform: p / k = 1/3 each
     assert np.all(np.abs(freq - p / k) < 5 * np.sqrt((1 / 3) * (2 / 3) / n))
@@ -295,6 +303,143 @@ def test_round_in_the_engine_tracks_trained_models():
         )
         state, table0 = new_state, table
     assert int(state.strategy_state.cov.count) == 3
-    metrics = strat.metrics(state.strategy_state, state.params, None)
-    assert 1 <= int(metrics["coalitions_used"]) <= p
-    assert np.isfinite(float(metrics["value_max"]))
+    assert strat.metrics is None  # what used to be reported from state is now a diagnostic
+    _, logs = sim.run_rounds(state, 1)
+    diag = {k: np.asarray(v) for k, v in logs.diagnostics.items()}
+    assert 1 <= int(diag["coalitions_used"][0]) <= p
+    assert np.isfinite(diag["value_max"][0]) and diag["coalition_sizes"].shape == (1, p)
+    assert diag["coalition_sizes"][0].sum() == k
+    assert "ari_dominant_label" not in diag  # regression: no labels to compare with
+
+
+# ---------------------------------------------------------------- the mechanisms taken apart
+
+
+def numpy_standardize(v, labels, available):
+    """Mean 0, standard deviation 1 (population) over each coalition's available members."""
+    z = np.zeros_like(v)
+    for c in np.unique(labels):
+        m = (labels == c) & available
+        if m.any():
+            sd = v[m].std()
+            z[m] = (v[m] - v[m].mean()) / sd if sd > 0 else 0.0
+    return z
+
+
+def test_scale_free_values_match_numpy_standardisation():
+    rng = np.random.default_rng(4)
+    k, p = 21, 5
+    v = rng.lognormal(size=k) * 1e-4  # squared-parameter units: tiny
+    labels = rng.integers(0, 3, k)
+    labels[0] = 3  # a coalition of one
+    labels[[1, 2]] = 4  # a coalition of two equal values
+    v[[1, 2]] = 0.5
+    available = rng.random(k) < 0.8
+    available[:3] = True
+    got = np.asarray(standardize_within(jnp.asarray(v), jnp.asarray(labels), p, available))
+    ref = numpy_standardize(v, labels, available)
+    np.testing.assert_allclose(got[available], ref[available], rtol=1e-4, atol=1e-5)
+    assert got[0] == 0.0 and got[1] == got[2] == 0.0
+    # scale-free: an affine change of units leaves the standardised values unchanged
+    again = standardize_within(jnp.asarray(3e6 * v - 7.0), jnp.asarray(labels), p, available)
+    np.testing.assert_allclose(np.asarray(again)[available], got[available], atol=2e-3)
+
+    # in the strategy's selection: eq. 8 on the standardised values of each coalition
+    table, _ = planted_table(rng, [5, 6, 4])
+    kk = len(table)
+    cov = init_covariance(jnp.full((kk,), 1.0 / kk), table.shape[1])
+    cov = cov._replace(c_alpha=jnp.asarray(1e-3 * rng.normal(size=(kk, 5)), jnp.float32))
+    out = select_jit(
+        jax.random.key(0),
+        jnp.asarray(table),
+        cov,
+        jnp.ones(kk, bool),
+        per_round=3,
+        beta=2.0,
+        value_scale="standardized",
+        coalitions=FAST,
+    )
+    labels = np.asarray(out.labels)
+    z = numpy_standardize(np.asarray(out.values, np.float64), labels, np.ones(kk, bool))
+    np.testing.assert_allclose(np.asarray(out.scores), z, rtol=1e-4, atol=1e-5)
+    for c in range(3):
+        m = labels == c
+        e = np.exp(2.0 * (z[m] - z[m].max()))
+        np.testing.assert_allclose(np.asarray(out.probs)[m], e / e.sum(), rtol=1e-4)
+    with pytest.raises(ConfigError, match="value_scale"):
+        make_strategy("fedcvr_bolt", 3, value_scale="zscore")
+
+
+def test_beta_zero_draws_uniformly_within_coalitions():
+    labels = jnp.asarray([0, 0, 1, 1, 1, 2, 2, 2, 2, 2])
+    values = jnp.asarray([0.0, 3.0, 0.0, 1.0, 4.0, 0.0, 0.5, 1.0, 2.0, 5.0])
+    draws = 6000
+    keys = jax.random.split(jax.random.key(7), draws)
+
+    def freq(beta):
+        run = jax.jit(jax.vmap(lambda key: sample_per_coalition(key, values, labels, 3, beta)[0]))
+        picks = np.asarray(run(keys))
+        return np.bincount(picks.ravel(), minlength=10) / draws
+
+    sizes = np.bincount(np.asarray(labels))
+    uniform = 1.0 / sizes[np.asarray(labels)]
+    tol = 5 * np.sqrt(uniform * (1 - uniform) / draws)
+    assert np.all(np.abs(freq(0.0) - uniform) <= tol)
+    assert np.any(np.abs(freq(1.0) - uniform) > tol)  # the same values at beta = 1 are not
+
+
+def ari_pairs(a, b):
+    """Adjusted Rand index by explicit pair counting (Hubert and Arabie 1985)."""
+    n = len(a)
+    i, j = np.triu_indices(n, 1)
+    same_a, same_b = a[i] == a[j], b[i] == b[j]
+    index = np.sum(same_a & same_b)
+    expected = same_a.sum() * same_b.sum() / len(i)
+    top = 0.5 * (same_a.sum() + same_b.sum())
+    return 1.0 if top == expected else (index - expected) / (top - expected)
+
+
+@pytest.mark.parametrize("beta", [0.0, 3.0])
+def test_diagnostics_on_planted_coalitions(beta):
+    rng = np.random.default_rng(5)
+    sizes = [6, 4, 3, 2]
+    table, truth = planted_table(rng, sizes)
+    k, p, d = len(table), len(sizes), table.shape[1]
+    dominant = truth.copy()
+    dominant[[0, 7]] = [2, 0]  # two clients whose dominant label is not their group's
+    counts = np.eye(p)[dominant] * 30 + 1
+    params = {"w": jnp.zeros((d,))}
+    spec = SimSpec(k, p, 10, jnp.full((k,), 10), params, p, jnp.asarray(counts, jnp.float32))
+    strat = make_strategy("fedcvr_bolt", p, warmup=0, beta=beta, sketch="all", kmeans_init=2)
+    state = strat.init(jax.random.key(0), spec)
+    c_alpha = jnp.asarray(rng.normal(size=(k, d)), jnp.float32)
+    state = state._replace(table=jnp.asarray(table), cov=state.cov._replace(c_alpha=c_alpha))
+    inputs = RoundInputs(jnp.int32(4), jnp.ones(k, bool), params, jnp.full((k,), 10))
+    sel, new_state = jax.jit(strat.select, static_argnums=2)(state, inputs, None, jax.random.key(1))
+    diag = {key: np.asarray(v) for key, v in sel.diagnostics.items()}
+    labels = np.asarray(new_state.labels)
+    assert ari_pairs(labels, truth) == 1.0  # the planted coalitions are found
+    np.testing.assert_array_equal(diag["coalition_sizes"], sizes)  # largest first
+    assert diag["coalitions_used"] == p
+    np.testing.assert_allclose(diag["ari_dominant_label"], ari_pairs(labels, dominant), atol=1e-6)
+    np.testing.assert_allclose(
+        diag["ari_previous_round"], ari_pairs(labels, np.zeros(k, int)), atol=1e-6
+    )
+    # eq. 8 per coalition, against NumPy: entropy over log(size), max over uniform
+    v = np.asarray(value_vector(c_alpha, state.cov.c_diag), np.float64)
+    ratio, top, law, spread = [], [], np.zeros(k), 0.0
+    for c in sorted(range(p), key=lambda c: -np.sum(labels == c)):
+        m = labels == c
+        e = np.exp(beta * (v[m] - v[m].max()))
+        q = e / e.sum()
+        law[m] = q
+        ratio.append(-np.sum(q * np.log(q)) / np.log(m.sum()))
+        top.append(q.max() * m.sum())
+        spread = max(spread, beta * (v[m].max() - v[m].min()))
+    np.testing.assert_allclose(diag["coalition_entropy_ratio"], ratio, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(diag["coalition_max_over_uniform"], top, rtol=1e-4)
+    np.testing.assert_allclose(diag["law"], law, rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(diag["logit_spread"], spread, rtol=2e-3, atol=1e-6)
+    if beta == 0.0:  # coalition-stratified sampling: every coalition's law is uniform
+        np.testing.assert_allclose(diag["coalition_entropy_ratio"], 1.0, rtol=1e-5)
+    assert diag["in_warmup"] == 0.0

@@ -17,10 +17,10 @@ from fedjax_sel.kernels.affinity import affinity_matrix, kernel_values, normaliz
 from fedjax_sel.kernels.boltzmann import coalition_probabilities, sample_per_coalition
 from fedjax_sel.kernels.covariance import covariance_update, init_covariance, value_vector
 from fedjax_sel.kernels.kmeans import adjusted_rand_index, kmeans
-from fedjax_sel.kernels.nystrom import landmark_spectral_embedding
 from fedjax_sel.kernels.spectral import (
     CoalitionConfig,
     kernel_spectral_embedding,
+    landmark_spectral_embedding,
     spectral_clustering,
     spectral_embedding,
 )

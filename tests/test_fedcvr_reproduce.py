@@ -1,101 +1,176 @@
-"""The fedcvr-bolt reproduction at a tiny size: Table 1's four settings, the CIFAR-10 path of
-Tables 2 and 4 on a fake ``cifar10.npz``, the report beside the paper's numbers, and resuming."""
+"""The fedcvr-bolt reproduction at a tiny size: Table 1 and the CIFAR-10 path of Table 2 on a
+fake ``cifar10.npz`` write ``verdicts.json`` with the required fields, the paired difference is
+recomputed from the run folders, a changed configuration (rounds) is rerun instead of reused;
+the regression generator's ``theta_scale`` against its closed-form MSE; the method lists."""
 
 from __future__ import annotations
 
 import json
 
+import jax
 import numpy as np
+import pytest
 
+from fedjax_sel.base import ConfigError
+from fedjax_sel.data import synthetic
 from fedjax_sel.reproduce import REPRODUCTIONS
 from fedjax_sel.reproduce import fedcvr_bolt as repro
+from fedjax_sel.reproduce.common import VERDICTS
+
+VERDICT_FIELDS = {
+    "paper",
+    "claim",
+    "profile",
+    "size",
+    "setting",
+    "method",
+    "baseline",
+    "metric",
+    "seeds",
+    "paper_value",
+    "paper_diff",
+    "ours_mean",
+    "ours_ci_low",
+    "ours_ci_high",
+    "diff_mean",
+    "diff_ci_low",
+    "diff_ci_high",
+    "verdict",
+    "note",
+}
 
 
-def test_tiny_reproduction_tables_report_and_resume(tmp_path, monkeypatch):
+def tiny_scale(t1_rounds: int) -> repro.Scale:
+    return repro.Scale(
+        "cpu",
+        t1_rounds=t1_rounds,
+        t1_clients=10,
+        t1_examples=10,
+        t1_eval_every=1,
+        rounds=(("cifar10", 2), ("cifar100", 2)),
+        local_steps=1,
+        local_epochs=None,
+        batch_size=8,
+        fraction=1.0,
+        warmup=1,
+        clients=10,
+        per_round=3,
+        eval_every=2,
+        datasets=("cifar10", "cifar100"),
+    )
+
+
+def test_tiny_reproduction_verdicts_and_changed_rounds_rerun(tmp_path, monkeypatch):
     assert "fedcvr-bolt" in REPRODUCTIONS
     rng = np.random.default_rng(0)
     np.savez(
         tmp_path / "cifar10.npz",
-        x_train=rng.integers(0, 255, (300, 32, 32, 3), dtype=np.uint8),
-        y_train=np.arange(300) % 10,
-        x_test=rng.integers(0, 255, (50, 32, 32, 3), dtype=np.uint8),
-        y_test=np.arange(50) % 10,
+        x_train=rng.integers(0, 255, (200, 32, 32, 3), dtype=np.uint8),
+        y_train=np.arange(200) % 10,
+        x_test=rng.integers(0, 255, (40, 32, 32, 3), dtype=np.uint8),
+        y_test=np.arange(40) % 10,
     )
-    # one method for the image tables keeps the test small; the method lists are checked below
+    setting = "table1 D=1 Non-IID"
     monkeypatch.setattr(
-        repro, "table2_methods", lambda bolt: [("FedCVR-Bolt", "fedcvr_bolt", bolt, 0.0)]
+        repro, "table1_settings", lambda: [(setting, repro.SLOPE, "Non-IID", False, 2)]
     )
-    monkeypatch.setattr(repro, "AFFINITY_LABELS", {"rbf": "RBF (ours)"})  # Table 2's run
-    scale = repro.Scale(
-        "tiny",
-        t1_rounds=3,
-        t1_clients=12,
-        t1_examples=10,
-        rounds={"cifar10": 2, "cifar100": 2},
-        local_steps=1,
-        fraction=1.0,
-        warmup=1,
-        clients=10,
-        eval_every=2,
-        datasets=("cifar10", "cifar100"),
+    fedavg = repro.Method(repro.FEDAVG, "uniform")
+
+    def few(sketch, warmup, per_round=3):  # FedAvg and FedCVR-Bolt keep the test small
+        return [fedavg, repro.bolt_method(repro.BOLT, sketch + (("kmeans_init", 1),), warmup)]
+
+    monkeypatch.setattr(repro, "common_methods", few)
+    monkeypatch.setattr(  # Table 2 on the fake CIFAR-10: FedCVR-Bolt alone
+        repro, "table2_methods", lambda name, warmup, per_round: few(repro.bolt_sketch(name), 1)[1:]
     )
-    lines = []
+    monkeypatch.setitem(repro.SCALES, "cpu", tiny_scale(3))
     out = tmp_path / "out"
-    results = repro.run_tables(
-        scale, seeds=1, out=out, data_dir=str(tmp_path), echo=lines.append, tables=("2", "4")
+    kw = dict(seeds=2, out=out, size="cpu", data_dir=str(tmp_path), table1_seeds=3)
+    results = repro.run(tables=("1", "2"), **kw)
+
+    rows = json.loads((out / "verdicts.json").read_text())
+    assert [(r["setting"], r["method"], r["baseline"]) for r in rows] == [
+        (setting, repro.BOLT, repro.FEDAVG)  # Table 2's claims need baselines that did not run
+    ]
+    (row,) = rows
+    assert VERDICT_FIELDS <= set(row) and row["verdict"] in VERDICTS
+    assert row["seeds"] == 3 and row["profile"] == "paper" and row["size"] == "cpu"
+    paper = repro.PAPER_TABLE1[(repro.SLOPE, "Non-IID")]
+    assert row["paper_diff"] == pytest.approx(100 * (54.7102 / 57.1336 - 1), abs=0.01)
+    assert paper[repro.BOLT][0] == 54.7102
+
+    def final_mse(label, seed):
+        folder = out / "runs" / setting.replace(" ", "_") / label / f"seed{seed}"
+        last = (folder / "metrics.jsonl").read_text().splitlines()[-1]
+        return json.loads(last)["client_test_loss_mean"], folder
+
+    pct = [100 * final_mse("FedCVR-Bolt", s)[0] / final_mse("FedAvg", s)[0] for s in range(3)]
+    assert row["diff_mean"] == pytest.approx(np.mean(pct) - 100, rel=1e-9)
+    assert results["tables"][setting][repro.FEDAVG][repro.MSE_PCT]["mean"] == pytest.approx(100)
+    # the diagnostics reached the tables: Table 1 rows carry the law's entropy ratio
+    assert "law_entropy_ratio" in results["diagnostics"][setting][repro.BOLT]
+    # the CIFAR-10 path on the fake file: CNN, a 300-weight sketch; CIFAR-100 absent, said so
+    cfg = json.loads(
+        (out / "runs" / "cifar10" / "FedCVR-Bolt" / "seed0" / "config.json").read_text()
     )
-    acc = results["table2"]["cifar10"]["FedCVR-Bolt"]["mean"]
-    assert 0.0 <= acc <= 100.0
-    assert set(results["table4"]["cifar10"]) == {"rbf"}
-    assert results["table4"]["cifar10"]["rbf"]["values"] == [acc]
-    assert any("cifar100" in a for a in results["absent"])  # no cifar100.npz here
-    report = (out / "report.txt").read_text()
-    assert "57.06" in report  # the paper's numbers beside ours
-    assert json.loads((out / "results.json").read_text())["seeds"] == 1
-    # CIFAR runs sketch 300 random last-layer weights (appendix C.2)
-    cfg = json.loads((out / "cifar10" / "fedcvr_bolt" / "seed0" / "config.json").read_text())
-    assert cfg["config"]["strategy_args"]["sketch_dim"] == 300
-    assert cfg["config"]["model"] == "cnn"
-    # finished runs are read back, not rerun
-    again = repro.run_tables(
-        scale, seeds=1, out=out, data_dir=str(tmp_path), echo=lambda *_: 0, tables=("2", "4")
+    assert cfg["config"]["model"] == "cnn" and cfg["config"]["strategy_args"]["sketch_dim"] == 300
+    assert "cifar100" in results["absent"]
+    tables = (out / "tables.md").read_text()
+    assert "57.06" in tables and "not run" in tables and "`code` profile is the `paper`" in tables
+
+    # a changed configuration (rounds) is recomputed, not reused; an unchanged one is reused
+    mse0, folder = final_mse("FedAvg", 0)
+    monkeypatch.setitem(repro.SCALES, "cpu", tiny_scale(4))
+    monkeypatch.setattr(repro, "common_methods", lambda sketch, warmup, per_round=3: [fedavg])
+    repro.run(tables=("1",), **kw)
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["rounds_completed"] == 4
+    assert json.loads((folder / "config.json").read_text())["config"]["rounds"] == 4
+    stamp = (folder / "metrics.jsonl").stat().st_mtime_ns
+    repro.run(tables=("1",), **kw)
+    assert (folder / "metrics.jsonl").stat().st_mtime_ns == stamp
+    assert final_mse("FedAvg", 0)[0] != mse0
+
+
+@pytest.mark.parametrize("scale", [1.0, 3.5])
+def test_regression_theta_scale_gives_the_closed_form_mse(scale):
+    """One cluster, no intercept: the best fit ``w = theta_bar`` leaves
+    ``scale^2 sigma_theta^2 (theta_x^2 + sigma_x^2)`` (appendix C.3's generator)."""
+    key = jax.random.key(3)
+    x, y, _, _ = synthetic.clustered_regression(
+        key, 4, 1, examples_per_client=25_000, theta_scale=scale
     )
-    assert again["table2"] == results["table2"]
+    p = synthetic.regression_clusters(key, 1, theta_scale=scale)
+    x = x[:, 0].astype(np.float64)
+    w = (x @ y) / (x @ x)
+    mse = np.mean((y - w * x) ** 2)
+    sigma, mu_x, sd_x = float(p.theta_std[0]), float(p.x_mean[0, 0]), float(p.x_std[0])
+    assert sigma == pytest.approx(scale * float(synthetic.regression_clusters(key, 1).theta_std[0]))
+    assert w == pytest.approx(float(p.theta_mean[0, 0]), rel=0.01)
+    assert mse == pytest.approx(sigma**2 * (mu_x**2 + sd_x**2), rel=0.03)
+    with pytest.raises(ConfigError, match="theta_scale"):
+        synthetic.clustered_regression(key, 4, 1, theta_scale=0.0)
 
 
 def test_method_lists_follow_the_paper():
-    t1 = [m[0] for m in repro.table1_methods()]
-    assert t1 == ["FedAvg", "Power-of-Choice", "Active FL", "FedCVR-Bolt"]
-    t2 = repro.table2_methods(repro.bolt_args("mnist", repro.CPU))
-    assert [m[0] for m in t2] == list(repro.PAPER_TABLE2["mnist"])
-    by_label = {m[0]: m for m in t2}
-    assert by_label["FedProx"][3] > 0 and by_label["Power-of-Choice"][2]["d"] == 20
-    assert by_label["Active FL"][2] == {"alpha1": 0.8, "alpha2": 1.0, "alpha3": 0.0}
-    assert repro.FULL.rounds["mnist"] == 200 and repro.FULL.warmup == 30
-
-
-def test_table1_settings_and_statistics(tmp_path, monkeypatch):
-    """Table 1's 4 settings x 4 methods x seeds, with training replaced by a fake that returns
-    an MSE computed from the run's configuration."""
-    configs = []
-
-    def fake_run(config, dataset, out):
-        configs.append(config)
-        a = config.dataset_args
-        mse = 10.0 * a["num_clusters"] + a["intercept"] + 0.5 * config.seed
-        evals = [{"round": config.rounds, "client_test_loss_mean": mse}]
-        return {}, [dict(evals[0], test_loss=mse, train_loss=mse)]
-
-    monkeypatch.setattr(repro, "_run", fake_run)
-    t1 = repro.run_table1(repro.CPU, 2, tmp_path, echo=lambda *_: 0)
-    assert len(configs) == 4 * 4 * 2
-    assert {(c.strategy, c.per_round, c.rounds, c.local_steps, c.lr) for c in configs} == {
-        (s, 10, 100, 10, 0.01) for s in ("uniform", "power_of_choice", "active_fl", "fedcvr_bolt")
+    t1 = [m.label for m in repro.table1_methods()]
+    assert t1[0] == "FedAvg" and {"Power-of-Choice", "Active FL", "FedCVR-Bolt"} <= set(t1)
+    t2 = {m.label: m for m in repro.table2_methods("mnist")}
+    assert set(repro.PAPER_TABLE2["mnist"]) <= set(t2)
+    assert t2["FedProx"].prox_mu > 0 and dict(t2["Power-of-Choice"].args)["d"] == 20
+    assert dict(t2["Active FL"].args) == {
+        "alpha1": 0.8,
+        "alpha2": 1.0,
+        "alpha3": 0.0,
+        "refresh": "available",
     }
-    assert all(c.num_clients == 100 and c.model == "linreg" for c in configs)
-    cell = t1["y = theta0 + theta1 x"]["Non-IID"]["FedCVR-Bolt"]
-    assert cell["values"] == [21.0, 21.5]
-    assert cell["mean"] == 21.25 and cell["std"] == 0.25
-    assert t1["y = theta1 x"]["IID"]["Active FL"]["mean"] == 10.25
-    report = repro.format_report({"table1": t1})
-    assert "54.7102" in report and "21.2500" in report
+    assert dict(t2[repro.BETA0].args)["beta"] == 0.0
+    assert dict(t2[repro.SCALE_FREE].args)["value_scale"] == "standardized"
+    assert all(dict(m.args).get("warmup") == 30 for m in t2.values() if m.strategy == "fedcvr_bolt")
+    assert dict(repro.bolt_sketch("cifar10"))["sketch_dim"] == 300
+    for size in ("cpu", "paper"):
+        scale = repro.SCALES[size]
+        assert scale.rounds_of("mnist") == 200 and scale.warmup == 30 and scale.t1_rounds == 100
+    assert repro.SCALES["paper"].local_epochs == 10 and repro.SCALES["paper"].fraction == 1.0
+    with pytest.raises(ConfigError, match="table"):
+        repro.run(seeds=5, out="/tmp/unused", tables=("3",))

@@ -1,8 +1,9 @@
 """One contract for every registered strategy (design section 4).
 
 Shapes, no duplicate picks, never an unavailable client, finite non-negative weights,
-deterministic for a key, strategy-state structure unchanged by update, and one trace of the
-round across rounds.
+deterministic for a key (a fresh trace of a new strategy object picks the same clients),
+strategy-state structure unchanged by update, and one trace of the round across rounds; for
+every registered strategy with its defaults and for the variants that change its code path.
 """
 
 from __future__ import annotations
@@ -34,13 +35,30 @@ def dataset():
     )
 
 
-def _simulation(name, dataset):
+# hyperparameter variants that take another code path than the defaults
+VARIANTS = [
+    ("filfl", {"inner": "power_of_choice"}),
+    ("filfl", {"inner": "divfl"}),
+    ("filfl", {"variant": "dgf"}),
+    ("oort", {"preset": "fedscale"}),
+    ("hetero_select", {"scoring": "multiplicative"}),
+    ("power_of_choice", {"variant": "cpow"}),
+    ("power_of_choice", {"variant": "rpow"}),
+    ("f3ast", {"variant": "reference"}),
+    ("fedcvr_bolt", {"beta": 0.0}),
+    ("fedcvr_bolt", {"value_scale": "standardized"}),
+    ("active_fl", {"refresh": "available"}),
+]
+CASES = [(name, {}) for name in sorted(STRATEGIES)] + VARIANTS
+
+
+def _simulation(name, dataset, args=None):
     per_round = K if name == "full" else 4
     model = make_model("logreg", input_shape=dataset.input_shape, num_classes=10)
     return Simulation(
         dataset,
         model,
-        make_strategy(name, per_round),
+        make_strategy(name, per_round, **(args or {})),
         local=LocalConfig(batch_size=16, lr=0.1, local_steps=2),
         per_round=per_round,
         num_rounds=5,
@@ -50,11 +68,15 @@ def _simulation(name, dataset):
     ), per_round
 
 
-@pytest.mark.parametrize("name", sorted(STRATEGIES))
-def test_strategy_contract(name, dataset):
-    sim, per_round = _simulation(name, dataset)
+@pytest.mark.parametrize(
+    "name, args", CASES, ids=[n + "".join(f"-{k}={v}" for k, v in a.items()) for n, a in CASES]
+)
+def test_strategy_contract(name, args, dataset):
+    sim, per_round = _simulation(name, dataset, args)
     state = sim.init(seed=0)
     select = jax.jit(sim._select_phase)
+    # a second, independently built strategy and simulation: a fresh trace
+    fresh_select = jax.jit(_simulation(name, dataset, args)[0]._select_phase)
     structure = jax.tree.structure(state.strategy_state)
 
     @jax.jit
@@ -63,9 +85,9 @@ def test_strategy_contract(name, dataset):
         return sim.round_fn(state, data)
 
     try:
-        for _ in range(4):
-            s1, sel, available = select(state, sim.data)
-            _, sel2, _ = select(state, sim.data)
+        for _ in range(3):
+            _, sel, available = select(state, sim.data)
+            _, sel2, _ = fresh_select(state, sim.data)
             clients, mask = np.asarray(sel.clients), np.asarray(sel.mask)
             weights, available = np.asarray(sel.weights), np.asarray(available)
             assert clients.shape == mask.shape == weights.shape == (per_round,)
@@ -81,4 +103,4 @@ def test_strategy_contract(name, dataset):
             assert jax.tree.structure(state.strategy_state) == structure
     finally:
         chex.clear_trace_counter()
-    assert int(state.round) == 4
+    assert int(state.round) == 3

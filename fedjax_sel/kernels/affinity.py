@@ -1,5 +1,5 @@
 """Affinity (proximity) matrices between client models: FedCVR-Bolt's homophily influence matrix
-(``papers/fedcvr_bolt.txt`` eq. 4) and the kernels of its ablation (appendix B.1, Table 4).
+(arXiv:2506.02897, eq. 4) and the kernels of its ablation (appendix B.1, Table 4).
 
 For rows ``x_k`` (client model sketches, usually normalised to unit length as Algorithm 1
 line 3 does):

@@ -1,5 +1,6 @@
 """CA-Fed's greedy client exclusion, ``get()`` of Algorithm 1 (Rodio et al. 2023), in
-``O(K log K)``: one sort plus one ``lax.scan`` with running sums per pass (design section 7).
+``O(K log K)``: one sort plus one ``lax.scan`` with running sums per pass (docs/ca_fed.md,
+"Equations").
 
 Algorithm 1 starts every round from ``q = alpha / pi_hat`` and only ever sets entries to zero,
 so on the kept set ``I`` the biased importance (eq. 4) is ``p_k = pi_k q_k / sum_h pi_h q_h =

@@ -1,5 +1,5 @@
 """FedCVR-Bolt's streaming covariance and value vector without ``K x K x D`` matrices
-(``papers/fedcvr_bolt.txt`` eqs. 5, 6 and 11; design section 7).
+(FedCVR-Bolt, arXiv:2506.02897, eqs. 5, 6 and 11).
 
 For each model coordinate ``d`` the paper tracks a ``K x K`` covariance ``C^d`` with the
 Robbins-Monro update (eq. 11)

@@ -1,5 +1,5 @@
 """HeteRo-Select's score components and selection law (Masud, Jahin and Hasan 2025,
-``papers/hetero_select.txt`` section III-B, eqs. 1-12, and Theorem III.3 / eq. 20).
+arXiv:2508.06692, section III-B, eqs. 1-12, and Theorem III.3 / eq. 20).
 
 Every function is pure, jittable and O(K) (the label-histogram divergences are O(K C) once,
 at initialisation). Rounds ``t`` are 1-based as in Algorithm 1; the callers convert.

@@ -1,7 +1,7 @@
 """k-means on device: greedy k-means++ seeding, Lloyd iterations with a fixed budget, empty
 cluster relocation, best of several seedings; and the adjusted Rand index.
 
-FedCVR-Bolt clusters the spectral embedding with k-means (``papers/fedcvr_bolt.txt`` section 4,
+FedCVR-Bolt clusters the spectral embedding with k-means (arXiv:2506.02897, section 4,
 "I = 300 iterations"): these are the semantics of scikit-learn's ``KMeans`` (which its
 ``SpectralClustering`` calls with ``n_init=10``), rewritten with fixed shapes:
 
@@ -149,19 +149,26 @@ def kmeans(
     return jax.tree.map(lambda a: a[best], runs)
 
 
-def adjusted_rand_index(a: Array, b: Array, num_a: int, num_b: int) -> Array:
-    """Adjusted Rand index (Hubert and Arabie 1985) of two labelings with labels in
-    ``[0, num_a)`` and ``[0, num_b)``; 1 when both are trivially identical (e.g. one cluster)."""
-    ca = jax.nn.one_hot(a, num_a, dtype=jnp.float32)
-    cb = jax.nn.one_hot(b, num_b, dtype=jnp.float32)
-    table = ca.T @ cb
+def contingency_ari(table: Array) -> Array:
+    """Adjusted Rand index (Hubert and Arabie 1985) from a contingency table ``n_ij`` (the
+    number of points with label ``i`` in one labeling and ``j`` in the other); 1 when both
+    labelings are trivially identical (e.g. one cluster each)."""
+    table = jnp.asarray(table, jnp.float32)
 
     def pairs(c):
         return jnp.sum(c * (c - 1.0) / 2.0)
 
-    n = a.shape[0]
+    n = jnp.sum(table)
     index = pairs(table)
     sum_a, sum_b = pairs(table.sum(1)), pairs(table.sum(0))
-    expected = sum_a * sum_b / max(n * (n - 1) / 2.0, 1.0)
+    expected = sum_a * sum_b / jnp.maximum(n * (n - 1.0) / 2.0, 1.0)
     denom = 0.5 * (sum_a + sum_b) - expected
     return jnp.where(denom == 0, 1.0, (index - expected) / jnp.where(denom == 0, 1.0, denom))
+
+
+def adjusted_rand_index(a: Array, b: Array, num_a: int, num_b: int) -> Array:
+    """Adjusted Rand index of two labelings with labels in ``[0, num_a)`` and ``[0, num_b)``
+    (:func:`contingency_ari`)."""
+    ca = jax.nn.one_hot(a, num_a, dtype=jnp.float32)
+    cb = jax.nn.one_hot(b, num_b, dtype=jnp.float32)
+    return contingency_ari(ca.T @ cb)

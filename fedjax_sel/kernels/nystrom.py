@@ -1,5 +1,5 @@
 """Landmark (Nystrom) spectral embedding: coalitions of ``K = 10^5`` clients in ``O(K m)``
-memory (design section 7; Fowlkes, Belongie, Chung and Malik 2004).
+memory (Fowlkes, Belongie, Chung and Malik 2004).
 
 With ``m`` landmark clients ``L`` drawn uniformly without replacement, the kernel matrix is
 approximated by ``K_hat = C A C^T`` with ``C = k(X, L)`` (``K x m``) and ``A = k(L, L)^+``. The
@@ -18,6 +18,11 @@ so ``eigh(T) = Z Theta Z^T`` gives ``U = F V Lambda^{-1/2} Z``. Directions with
 With ``m = K`` landmarks the factorisation reproduces the exact path. Negative kernel values
 (cosine, sigmoid) are clipped to 0 in both blocks, as the exact path clips ``S``; the product
 ``K_hat`` can still hold small negative entries, so degrees are clamped at zero.
+
+This module is the low-rank linear algebra only (eigenpairs and degrees); the embedding and the
+clustering built on it live in :mod:`fedjax_sel.kernels.spectral`
+(:func:`~fedjax_sel.kernels.spectral.landmark_spectral_embedding`), which imports this module:
+the dependency goes one way.
 """
 
 from __future__ import annotations
@@ -29,7 +34,6 @@ import jax.numpy as jnp
 
 from fedjax_sel.base import Array, ConfigError, PRNGKey
 from fedjax_sel.kernels.affinity import check_affinity, kernel_and_gamma, kernel_values
-from fedjax_sel.kernels.spectral import Embedding, scale_embedding
 
 
 def pseudo_inverse_sym(a: Array, rel_tol: float = 1e-6) -> Array:
@@ -107,10 +111,9 @@ def landmark_indices(key: PRNGKey, num_clients: int, num_landmarks: int) -> Arra
 
 
 @functools.partial(
-    jax.jit,
-    static_argnames=("num_components", "num_landmarks", "kind", "gamma", "coef0", "scaling"),
+    jax.jit, static_argnames=("num_components", "num_landmarks", "kind", "gamma", "coef0")
 )
-def landmark_spectral_embedding(
+def landmark_eigenpairs(
     x: Array,
     num_components: int,
     key: PRNGKey,
@@ -119,11 +122,9 @@ def landmark_spectral_embedding(
     kind: str = "rbf",
     gamma: float = 1.0,
     coef0: float = 1.0,
-    scaling: str = "degree",
     landmarks: Array | None = None,
-) -> Embedding:
-    """The spectral embedding of :func:`~fedjax_sel.kernels.spectral.spectral_embedding`
-    through landmarks: memory ``O(K m)`` instead of ``O(K^2)``.
+) -> tuple[Array, Array, Array]:
+    """Top eigenpairs of the landmark approximation of the normalised adjacency ``M``.
 
     Args:
       x: float32[K, D] rows.
@@ -131,8 +132,10 @@ def landmark_spectral_embedding(
       key: draws the landmarks (unless ``landmarks`` gives their ids).
       num_landmarks: m (capped at K).
       kind, gamma, coef0: the affinity kernel.
-      scaling: embedding row scaling.
       landmarks: int32[m] landmark ids (overrides the random draw).
+
+    Returns:
+      ``(values float32[P] descending, vectors float32[K, P], d^{-1/2} float32[K])``.
     """
     x = jnp.asarray(x, jnp.float32)
     n = x.shape[0]
@@ -141,4 +144,4 @@ def landmark_spectral_embedding(
     ids = landmark_indices(key, n, num_landmarks) if landmarks is None else landmarks
     f, g, inv_sqrt = landmark_factor(x, x[ids], kind, gamma=gamma, coef0=coef0)
     vals, vecs = lowrank_top_eigenvectors(f, g, num_components)
-    return Embedding(scale_embedding(vecs, inv_sqrt, scaling), vals)
+    return vals, vecs, inv_sqrt

@@ -1,9 +1,10 @@
-"""Oort's building blocks (Lai et al., OSDI 2021; ``reference/algorithms.md`` section 5), as
-pure fixed-shape functions over ``float32[K]`` client arrays.
+"""Oort's building blocks (Lai et al., OSDI 2021; the original artifact github.com/SymbioticLab/Oort
+and FedScale's version, github.com/SymbioticLab/FedScale, compared in docs/hetero_select.md,
+"Oort"), as pure fixed-shape functions over ``float32[K]`` client arrays.
 
-* :func:`device_profile` / :func:`completion_time`: simulated round durations (FedScale's
-  model: ``3 * samples * ms_per_sample / 1000`` seconds of computation plus up- and download of
-  the model over the client's bandwidth), from a per-client speed profile drawn from a key.
+Durations come from the simulation's shared device profiles (:mod:`fedjax_sel.system`, the
+FedScale completion-time model), and over-commitment is the engine's.
+
 * :func:`preferred_duration`: the pacer's duration ``D*`` at the ``T``-th percentile.
 * :func:`pacer`: the threshold ``T`` moves by ``delta`` every ``W`` rounds from the last two
   windows of exploitation utility.
@@ -11,7 +12,6 @@ pure fixed-shape functions over ``float32[K]`` client arrays.
   temporal-uncertainty bonus, times the system-utility penalty ``(D* / d)^alpha`` when
   ``d > D*``.
 * :func:`exploit_candidates`: the cut-off-utility prefix of the ranked explored clients.
-* :func:`fastest`: over-commitment: the ``k`` picks that finish first.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedjax_sel.base import Array, PRNGKey
+from fedjax_sel.base import Array
 
 # float32 floor(x) for x computed from decimal fractions (K' (1 - eps), K T / 100): the
 # reference computes them in float64, where e.g. 10 * (1 - 0.3) is 7.0, not 6.9999...
@@ -36,7 +36,7 @@ def floor_int(x: Array) -> Array:
 
 
 class OortHyper(NamedTuple):
-    """Oort's selector hyperparameters (``reference/algorithms.md`` table 5.4).
+    """Oort's selector hyperparameters (the presets' table in docs/hetero_select.md, "Oort").
 
     ``exploit_rule``: ``original`` ``exploitLen = int(K' (1 - eps))`` or ``fedscale``
     ``K' - int(K' eps)``. ``candidate_floor``: FedScale keeps at least ``10 * exploitLen``
@@ -54,13 +54,15 @@ class OortHyper(NamedTuple):
     pacer_step: int
     pacer_delta: float
     sample_window: float
-    overcommit: float
     blacklist_rounds: int
     blacklist_max_len: float
     exploit_rule: str
     candidate_floor: float
     zero_exploration: bool
 
+
+# the presets' over-commitment, applied by the engine for every strategy (``--overcommit``)
+PRESET_OVERCOMMIT = {"original": 1.1, "fedscale": 1.3}
 
 PRESETS: dict[str, OortHyper] = {
     # SymbioticLab/Oort training/argParser.py and oort/oort.py
@@ -75,7 +77,6 @@ PRESETS: dict[str, OortHyper] = {
         pacer_step=20,
         pacer_delta=5.0,
         sample_window=5.0,
-        overcommit=1.1,
         blacklist_rounds=-1,
         blacklist_max_len=0.3,
         exploit_rule="original",
@@ -94,7 +95,6 @@ PRESETS: dict[str, OortHyper] = {
         pacer_step=20,
         pacer_delta=5.0,
         sample_window=5.0,
-        overcommit=1.3,
         blacklist_rounds=-1,
         blacklist_max_len=0.3,
         exploit_rule="fedscale",
@@ -102,36 +102,6 @@ PRESETS: dict[str, OortHyper] = {
         zero_exploration=False,
     ),
 }
-
-
-def device_profile(
-    key: PRNGKey,
-    num_clients: int,
-    *,
-    compute_ms: float = 150.0,
-    compute_sigma: float = 0.8,
-    bandwidth_kbps: float = 2200.0,
-    bandwidth_sigma: float = 0.8,
-) -> tuple[Array, Array]:
-    """Per-client ``(ms per sample, bandwidth in kbit/s)``, log-normal around the medians
-    (FedScale's device traces are heavy-tailed; its example profile is 153 ms, 2209 kbit/s)."""
-    k1, k2 = jax.random.split(key)
-    z1 = jax.random.normal(k1, (num_clients,), jnp.float32)
-    z2 = jax.random.normal(k2, (num_clients,), jnp.float32)
-    return compute_ms * jnp.exp(compute_sigma * z1), bandwidth_kbps * jnp.exp(bandwidth_sigma * z2)
-
-
-def completion_time(ms_per_sample: Array, bandwidth_kbps: Array, samples: Array, model_kbit):
-    """FedScale's ``get_completion_time``: ``3 * samples * ms / 1000`` (forward plus backward)
-    plus ``2 * model_kbit / bandwidth`` (download and upload), in seconds."""
-    compute = 3.0 * samples * ms_per_sample / 1000.0
-    return compute + 2.0 * model_kbit / bandwidth_kbps
-
-
-def model_kbit(params) -> float:
-    """Size of a float32 model in kbit (the transfer size of one direction)."""
-    n = sum(int(math.prod(x.shape)) for x in jax.tree.leaves(params))
-    return 32.0 * n / 1000.0
 
 
 def preferred_duration(durations: Array, round_threshold: Array) -> Array:
@@ -254,14 +224,6 @@ def top_ranked(values: Array, eligible: Array, count: Array, max_count: int) -> 
     _, order = jax.lax.top_k(jnp.where(eligible, values, -jnp.inf), min(k, int(max_count)))
     keep = (jnp.arange(order.shape[0]) < count) & eligible[order]
     return jnp.zeros((k,), bool).at[order].set(keep)
-
-
-def fastest(picks: Array, valid: Array, durations: Array, k: int) -> tuple[Array, Array]:
-    """Over-commitment: of the valid ``picks`` (int32[K']), the ``k`` with the smallest
-    ``durations[pick]`` (ties: earlier pick). Returns ``(clients int32[k], valid bool[k])``."""
-    d = jnp.where(valid, durations[picks], jnp.inf)
-    neg, slot = jax.lax.top_k(-d, k)
-    return picks[slot], jnp.isfinite(neg)
 
 
 def blacklist(count: Array, rounds: int, max_len: float) -> Array:

@@ -1,6 +1,6 @@
 """Euclidean projection onto the probability simplex and projected gradient descent on it.
 
-SP-CACW (``papers/sp_cacw.txt``, appendix F "Numerical Solver (PGD)") chooses aggregation
+SP-CACW (arXiv:2606.29322, appendix F "Numerical Solver (PGD)") chooses aggregation
 weights on the simplex ``Delta = {a : a_i >= 0, sum_i a_i = 1}`` by projected gradient descent,
 "strictly enforcing the simplex constraint via Euclidean projection". The projection is the
 sort-based algorithm of Held, Wolfe and Crowder (1974) / Duchi et al. (2008, Fig. 1):

@@ -1,6 +1,6 @@
 """Smoothness constant of a loss by power iteration with Hessian-vector products.
 
-SP-CACW (``papers/sp_cacw.txt``, appendix F "Lipschitz Constant Estimation") estimates the
+SP-CACW (arXiv:2606.29322, appendix F "Lipschitz Constant Estimation") estimates the
 smoothness constant ``L`` "dynamically using local curvature information ... the spectral norm
 of the Hessian via power iteration, computing Hessian-vector products using the method of
 Pearlmutter [1994]". ``H v`` is the forward-mode derivative of the gradient along ``v``

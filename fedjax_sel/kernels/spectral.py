@@ -1,5 +1,5 @@
 """Normalised-Laplacian spectral embedding and spectral clustering on device (FedCVR-Bolt's
-coalition formation, ``papers/fedcvr_bolt.txt`` Algorithm 1 line 5 and section 4).
+coalition formation, arXiv:2506.02897, Algorithm 1 line 5 and section 4).
 
 Given an affinity ``W`` (``K x K``, possibly not symmetric, e.g. the row-normalised eq. 4), the
 embedding follows von Luxburg (2007) and scikit-learn's ``spectral_embedding``:
@@ -16,8 +16,9 @@ embedding follows von Luxburg (2007) and scikit-learn's ``spectral_embedding``:
 Eigensolvers: ``eigh`` (dense, ``O(K^3)``) or ``krylov``: randomized block Krylov iteration
 (Musco and Musco 2015) with full re-orthogonalisation and a Rayleigh-Ritz step: ``steps + 1``
 products of ``M`` with a ``K x b`` block (``b = P + oversample``), ``O(K^2 b steps)`` time.
-``auto`` uses ``eigh`` up to :data:`EIGH_MAX` clients. For the landmark (Nystrom) path that
-needs only ``O(K m)`` memory see :mod:`fedjax_sel.kernels.nystrom`.
+``auto`` uses ``eigh`` up to :data:`EIGH_MAX` clients. The landmark (Nystrom) path that needs
+only ``O(K m)`` memory (:func:`landmark_spectral_embedding`) takes its eigenpairs from
+:mod:`fedjax_sel.kernels.nystrom`, which does not import this module.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import jax.numpy as jnp
 from fedjax_sel.base import Array, ConfigError, PRNGKey
 from fedjax_sel.kernels.affinity import check_affinity, kernel_values
 from fedjax_sel.kernels.kmeans import kmeans
+from fedjax_sel.kernels.nystrom import landmark_eigenpairs
 
 SOLVERS = ("auto", "eigh", "krylov")
 SCALINGS = ("degree", "row", "none")
@@ -265,6 +267,48 @@ def kernel_spectral_embedding(
     return Embedding(scale_embedding(vecs, inv_sqrt, scaling), vals)
 
 
+@functools.partial(
+    jax.jit,
+    static_argnames=("num_components", "num_landmarks", "kind", "gamma", "coef0", "scaling"),
+)
+def landmark_spectral_embedding(
+    x: Array,
+    num_components: int,
+    key: PRNGKey,
+    *,
+    num_landmarks: int = 256,
+    kind: str = "rbf",
+    gamma: float = 1.0,
+    coef0: float = 1.0,
+    scaling: str = "degree",
+    landmarks: Array | None = None,
+) -> Embedding:
+    """The spectral embedding of :func:`spectral_embedding` through landmarks
+    (:func:`fedjax_sel.kernels.nystrom.landmark_eigenpairs`): memory ``O(K m)`` instead of
+    ``O(K^2)``.
+
+    Args:
+      x: float32[K, D] rows.
+      num_components: P.
+      key: draws the landmarks (unless ``landmarks`` gives their ids).
+      num_landmarks: m (capped at K).
+      kind, gamma, coef0: the affinity kernel.
+      scaling: embedding row scaling.
+      landmarks: int32[m] landmark ids (overrides the random draw).
+    """
+    vals, vecs, inv_sqrt = landmark_eigenpairs(
+        x,
+        num_components,
+        key,
+        num_landmarks=num_landmarks,
+        kind=kind,
+        gamma=gamma,
+        coef0=coef0,
+        landmarks=landmarks,
+    )
+    return Embedding(scale_embedding(vecs, inv_sqrt, scaling), vals)
+
+
 class CoalitionConfig(NamedTuple):
     """Static settings of :func:`spectral_clustering` (hashable; closed over by strategies).
 
@@ -325,8 +369,6 @@ def spectral_clustering(
     """Coalitions of the rows of ``x``: affinity, spectral embedding with ``num_clusters``
     components, k-means with ``num_clusters`` clusters. Returns int32[K] labels (a label may be
     unused when the points have fewer than ``num_clusters`` distinct positions)."""
-    from fedjax_sel.kernels.nystrom import landmark_spectral_embedding
-
     x = jnp.asarray(x, jnp.float32)
     chex.assert_rank(x, 2)
     config.validate()

@@ -7,7 +7,7 @@ the study makes one cell per seed), runs them all at once with
 compiled program; a finished cell of the same configuration is never recomputed; an
 interrupted one resumes), then reads metrics per seed for its tables and claims.
 
-Verdicts (design section 10), on the paired difference ``d = method - baseline`` over seeds and
+Verdicts, on the paired difference ``d = method - baseline`` over seeds and
 its 95% CI, against the paper's claimed difference ``D``:
 
 * ``reproduced``: the CI excludes 0 on the side of ``D`` (noted when it also lies wholly below
@@ -30,8 +30,8 @@ import numpy as np
 from fedjax_sel.base import ConfigError
 from fedjax_sel.config import RunConfig
 from fedjax_sel.experiment.compare import Run, mean_ci, metric_value, t_critical
+from fedjax_sel.experiment.loop import RunResult
 from fedjax_sel.experiment.outputs import write_json
-from fedjax_sel.experiment.run import RunResult
 from fedjax_sel.experiment.sweep import Cell, _slug, run_cells
 from fedjax_sel.reproduce import PROFILES, SIZES
 
@@ -291,3 +291,31 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def paper_cell(v: float | None, digits: int = 2) -> str:
     return "-" if v is None else f"{v:.{digits}f}"
+
+
+def subsampled_npz(name: str, fraction: float, out: Path, data_dir=None) -> Path:
+    """A Keras-layout ``name.npz`` under ``out`` holding a label-stratified ``fraction`` of the
+    training images (all test images), drawn with a fixed generator. An existing file is
+    reused only when it holds exactly that stratified subsample (its class counts match)."""
+    from fedjax_sel.data import loaders
+
+    path = out / f"{name}.npz"
+    d = loaders.load_image_dataset(name, data_dir)
+    classes = np.unique(d.y_train)
+    want = {int(c): max(1, int(round(fraction * np.sum(d.y_train == c)))) for c in classes}
+    if path.exists():
+        with np.load(path) as z:
+            have = dict(zip(*np.unique(z["y_train"], return_counts=True), strict=True))
+        if {int(c): int(n) for c, n in have.items()} == want:
+            return path
+    rng = np.random.default_rng(0)
+    keep = []
+    for c in classes:
+        idx = np.flatnonzero(d.y_train == c)
+        keep.append(rng.choice(idx, want[int(c)], replace=False))
+    keep = np.sort(np.concatenate(keep))
+    out.mkdir(parents=True, exist_ok=True)
+    np.savez(
+        path, x_train=d.x_train[keep], y_train=d.y_train[keep], x_test=d.x_test, y_test=d.y_test
+    )
+    return path

@@ -12,7 +12,7 @@ Parts (``--option parts=shakespeare-image-divfl-ratio``, the default; ``ablation
   the same two comparisons on the image task.
 * ``divfl`` (Fig. 6, CIFAR-10: N = 200, n = 30, K = 3, m = 500): FilFL (RGF, random selection)
   against FedAvg with DivFL (ours implements DivFL's paper; the reference code's DivFL is
-  weaker, ``reference/fidelity.md``), and FedAvg (RS) as a control.
+  weaker, see docs/filfl.md), and FedAvg (RS) as a control.
 * ``ratio`` (Fig. 11): both greedies against the brute-force optimum over the 2^10 - 1 subsets
   of n = 10 local models in every filtering round (``track_opt``).
 * ``ablations`` (Figs. 7-9): the period h in {1, 3, 5, 10, 20} (availability redrawn every 20

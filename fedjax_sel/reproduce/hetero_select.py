@@ -1,12 +1,14 @@
 """``fedjax-sel reproduce hetero-select``: HeteRo-Select's Tables I-IV and Figs. 5-6
-(``papers/hetero_select.txt`` section V), with paired seeds and verdicts.
+(arXiv:2508.06692, section V), with paired seeds and verdicts.
 
 * Table I: HeteRo-Select (additive, multiplicative), Oort (the original artifact's preset and
   FedScale's), Power-of-Choice and random selection; FedProx mu = 0.1, 6 of 12 clients per
   round, Dirichlet alpha = 0.1; peak, final, stable (mean of the last 10 rounds) accuracy and
   the stability drop, the standard deviation of the selection counts (Fig. 6) and the total
-  variation distance of the clients' inclusion rates from uniform; plus a staleness-only
-  ablation of HeteRo-Select (every weight but ``w_st`` zero).
+  variation distance of the clients' inclusion rates from uniform, and the simulated hours of
+  each run under one shared log-normal device profile (Oort's system utility reads it; its
+  presets' over-commitment, 1.1 and 1.3, is the engine's); plus a staleness-only ablation of
+  HeteRo-Select (every weight but ``w_st`` zero).
 * Table II: full participation FedAvg and FedProx (mu = 0.1) against HeteRo-Select at 50%.
 * Table III: the ablation grid (gamma, eta, temperature, participation, mu).
 * Table IV: MNIST and Fashion-MNIST: FedAvg and FedProx at 100%, HeteRo-Select at 50% and 80%.
@@ -36,7 +38,8 @@ from fedjax_sel.base import ConfigError
 from fedjax_sel.config import RunConfig
 from fedjax_sel.data import loaders
 from fedjax_sel.experiment.compare import mean_curves
-from fedjax_sel.experiment.outputs import plot_curves, write_json
+from fedjax_sel.experiment.outputs import new_figure, plot_curves, write_json
+from fedjax_sel.kernels.oort import PRESET_OVERCOMMIT
 from fedjax_sel.reproduce import output_dir, register_reproduction
 from fedjax_sel.reproduce.common import (
     Claim,
@@ -44,6 +47,7 @@ from fedjax_sel.reproduce.common import (
     check_profile_size,
     markdown_table,
     paper_cell,
+    subsampled_npz,
     verdict_table,
 )
 
@@ -207,8 +211,10 @@ def make_config(
     peak and "last 10 rounds" need them)."""
     rounds = scale.ablation_rounds if ablation else scale.rounds
     args = dict(method.args)
+    overcommit = 1.0
     if method.strategy == "oort":  # epochs: |B_i| = n_i, Oort's default when 0
         args["samples_per_round"] = 0
+        overcommit = PRESET_OVERCOMMIT[args.get("preset", "original")]
     if method.strategy == "hetero_select":  # the schedules end with the run (tau, diversity)
         args["schedule_rounds"] = rounds
     return RunConfig(
@@ -225,32 +231,16 @@ def make_config(
         batch_size=scale.batch_size,
         lr=scale.lr,
         prox_mu=method.prox_mu,
-        eval_every=1,
+        # every method under the same device profiles: simulated time is comparable, and
+        # Oort's system utility and over-commitment act (the engine's, for every strategy)
+        system="lognormal",
+        overcommit=overcommit,
+        eval_every=1,  # peak and "last 10 rounds" need every round
         data_seed=0,  # one partition; seeds vary the model, the draws and the training noise
     )
 
 
 # ----------------------------------------------------------------------------- data
-def subsampled_npz(name: str, fraction: float, out: Path, data_dir=None) -> Path:
-    """A Keras-layout ``name.npz`` under ``out`` holding a label-stratified ``fraction`` of the
-    training images (all test images), drawn with a fixed generator."""
-    path = out / f"{name}.npz"
-    if path.exists():
-        return path
-    d = loaders.load_image_dataset(name, data_dir)
-    rng = np.random.default_rng(0)
-    keep = []
-    for c in np.unique(d.y_train):
-        idx = np.flatnonzero(d.y_train == c)
-        keep.append(rng.choice(idx, max(1, int(round(fraction * idx.size))), replace=False))
-    keep = np.sort(np.concatenate(keep))
-    out.mkdir(parents=True, exist_ok=True)
-    np.savez(
-        path, x_train=d.x_train[keep], y_train=d.y_train[keep], x_test=d.x_test, y_test=d.y_test
-    )
-    return path
-
-
 def data_path_for(name: str, scale: Scale, out: Path, data_dir=None) -> str | None:
     """The data file of ``name`` at this scale (a stratified subsample when ``fraction < 1``);
     a :class:`ConfigError` says what is missing."""
@@ -342,9 +332,10 @@ def _table(study: Study, setting: str, methods, paper: dict) -> str:
         ]
         std = study.cell_text(setting, m.label, "selection_count_std", 1.0)
         tv = study.cell_text(setting, m.label, "selection_tv_from_uniform", 1.0, 3)
-        rows.append([m.label, *cells, std, tv])
+        hours = study.cell_text(setting, m.label, "sim_time_s", 1.0 / 3600.0)
+        rows.append([m.label, *cells, std, tv, hours])
     header = ["Method", "Peak (paper)", "Final (paper)", "Stable (paper)", "Drop (paper)"]
-    return markdown_table(header + ["sel. count std", "TV from uniform"], rows)
+    return markdown_table(header + ["sel. count std", "TV from uniform", "sim. hours"], rows)
 
 
 @register_reproduction(
@@ -498,12 +489,8 @@ def run(
 
 def plot_selection(study: Study, setting: str, methods, path: Path) -> Path:
     """Figs. 5-6: per-client inclusion rates (mean over seeds) and the selection-count std."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4))
+    fig = new_figure(13, 4)
+    axes = fig.subplots(1, 2)
     width = 0.8 / len(methods)
     stds = []
     for i, m in enumerate(methods):
@@ -530,5 +517,4 @@ def plot_selection(study: Study, setting: str, methods, path: Path) -> Path:
     fig.suptitle(f"Figs. 5-6, {setting}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path

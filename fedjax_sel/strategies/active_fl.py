@@ -1,5 +1,5 @@
-"""Active Federated Learning (Goetz, Malik, Bui, Moon, Liu and Kumar 2019;
-``reference/algorithms.md`` section 7), a selection baseline of FedCVR-Bolt's Tables 1-2.
+"""Active Federated Learning (Goetz, Malik, Bui, Moon, Liu and Kumar 2019, arXiv:1909.12641;
+docs/fedcvr_bolt.md, "Baselines"), a selection baseline of FedCVR-Bolt's Tables 1-2.
 
 Each client has a valuation ``v_k``, refreshed only when it participates (never-seen clients
 start at ``-inf``). Each round, over the available clients:
@@ -19,25 +19,45 @@ Valuation (``valuation``), the value a participant reports with its update:
 * ``train_loss``: the mean training loss over the client's last local round (Power-of-Choice's
   reference ``afl``; no extra forward pass).
 
+Which valuations are fresh (``refresh``):
+
+* ``participants`` (default, the paper's): a valuation is refreshed only when its client takes
+  part. With ``alpha3 = 0`` this never explores: after the first round only its ``m``
+  participants have a finite valuation, step 1 keeps exactly them, and the same ``m`` clients
+  are drawn in every later round;
+* ``available``: every available client reports its valuation of the round's global model
+  before selection (``oracle.all_losses``, one pass over all training data). This is what
+  FedCVR-Bolt's appendix C.1 must have run: it calls ``alpha1 = 0.8`` "equivalent to
+  ``d = 2P``" (Power-of-Choice's ``d`` fresh candidate losses), which holds only when every
+  client has a current valuation.
+
 Defaults ``alpha1 = 0.75, alpha2 = 0.01, alpha3 = 0.1`` are the paper's; FedCVR-Bolt's
 comparison uses ``alpha1 = 0.8, alpha2 = 1, alpha3 = 0`` (appendix C.1).
+
+Diagnostics (``Selection.diagnostics``): ``law``, the softmax of step 2 (the law of each soft
+draw; uniform over the available clients when no valuation is finite); ``kept``, the clients it
+can draw (finite logits); ``soft_entropy_ratio``, its entropy over ``log(kept)`` (1 = uniform on
+the kept set); ``top_mass``, the probability of its ``floor((1 - alpha3) m)`` most likely clients
+(near 1 with ``kept`` above that number: a near-greedy draw); ``logit_spread``, the range of
+``alpha2 v`` over the kept clients.
 """
 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from fedjax_sel.base import Array, ConfigError, Selection, Strategy
-from fedjax_sel.kernels import gumbel_top_k, uniform_without_replacement
+from fedjax_sel.kernels import gumbel_top_k, masked_softmax, uniform_without_replacement
 from fedjax_sel.kernels.boltzmann import fill_slots
 from fedjax_sel.strategies._common import check_weighting, fedavg_weights
 from fedjax_sel.strategies.registry import register_strategy
 
 VALUATIONS = ("loss", "loss_per_sqrt_n", "train_loss")
+REFRESH = ("participants", "available")
 
 
 class ActiveFLState(NamedTuple):
@@ -69,6 +89,35 @@ def valuation(kind: str, mean_loss: Array, num_examples: Array) -> Array:
     return mean_loss
 
 
+def active_diagnostics(logits: Array, available: Array, num_soft: int) -> dict[str, Array]:
+    """The law of step 2 and how sharp it is (module docstring)."""
+    kept = jnp.isfinite(logits)
+    n_kept = jnp.sum(kept)
+    law = jnp.where(
+        n_kept > 0,
+        masked_softmax(logits, kept),
+        available / jnp.maximum(jnp.sum(available), 1).astype(jnp.float32),
+    )
+    p = jnp.where(kept, law, 0.0)
+    entropy = -jnp.sum(jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0))
+    ratio = jnp.where(n_kept > 1, entropy / jnp.log(jnp.maximum(n_kept, 2)), 1.0)
+    top = jnp.sum(jax.lax.top_k(p, max(num_soft, 1))[0]) if num_soft > 0 else jnp.zeros(())
+    finite = jnp.where(kept, logits, 0.0)
+    spread = jnp.where(
+        n_kept > 0,
+        jnp.max(jnp.where(kept, logits, -jnp.inf)) - jnp.min(jnp.where(kept, logits, jnp.inf)),
+        0.0,
+    )
+    return {
+        "law": law,
+        "kept": n_kept.astype(jnp.float32),
+        "soft_entropy_ratio": ratio,
+        "top_mass": jnp.where(n_kept > 0, top, 0.0),
+        "logit_spread": spread,
+        "logit_mean": jnp.sum(finite) / jnp.maximum(n_kept, 1),
+    }
+
+
 @register_strategy(
     "active_fl",
     description="valuation-based sampling: drop the alpha1 lowest, softmax(alpha2 v), alpha3 "
@@ -82,6 +131,7 @@ def active_fl(
     alpha2: float = 0.01,
     alpha3: float = 0.1,
     valuation_kind: str = "loss",
+    refresh: Literal["participants", "available"] = "participants",
     weighting: str = "size",
 ) -> Strategy:
     """Active FL (module docstring).
@@ -92,6 +142,8 @@ def active_fl(
       alpha2: softmax inverse temperature.
       alpha3: fraction of slots drawn uniformly.
       valuation_kind: ``loss``, ``loss_per_sqrt_n`` or ``train_loss``.
+      refresh: whose valuations are fresh each round: ``participants`` (the paper's) or every
+        ``available`` client (module docstring).
       weighting: aggregation weights, ``size`` (FedAvg) or ``uniform``.
     """
     if not 0.0 <= alpha1 < 1.0:
@@ -104,6 +156,13 @@ def active_fl(
         raise ConfigError(
             f"active_fl valuation_kind must be one of {VALUATIONS}, got {valuation_kind!r}"
         )
+    if refresh not in REFRESH:
+        raise ConfigError(f"active_fl refresh must be one of {REFRESH}, got {refresh!r}")
+    if refresh == "available" and valuation_kind == "train_loss":
+        raise ConfigError(
+            "active_fl refresh='available' needs a loss valuation (train_loss exists only for "
+            "participants)"
+        )
     check_weighting(weighting)
     num_soft = math.floor((1.0 - alpha3) * per_round + 1e-9)  # guard 0.9 * 10 = 8.999...
 
@@ -113,6 +172,9 @@ def active_fl(
 
     def select(state: ActiveFLState, inputs, oracle, key):
         k_soft, k_unif, k_loss = jax.random.split(key, 3)
+        if refresh == "available":  # every available client reports before the draw
+            v = valuation(valuation_kind, oracle.all_losses(inputs.params), inputs.num_examples)
+            state = ActiveFLState(jnp.where(inputs.available, v, state.values))
         logits = active_logits(state.values, inputs.available, alpha1, alpha2)
         soft, soft_ok = gumbel_top_k(k_soft, logits, max(num_soft, 1))
         soft, soft_ok = soft[:num_soft], soft_ok[:num_soft]
@@ -120,13 +182,14 @@ def active_fl(
         rest, rest_ok = uniform_without_replacement(k_unif, inputs.available & ~taken, per_round)
         clients, mask = fill_slots(soft, soft_ok, rest, rest_ok, per_round)
         weights = fedavg_weights(inputs.num_examples, clients, mask, weighting)
-        if valuation_kind != "train_loss":
+        if valuation_kind != "train_loss" and refresh == "participants":
             # the participants' pre-training loss of this round's model, reported with the update
             loss = oracle.loss(inputs.params, clients, k_loss)
             v = valuation(valuation_kind, loss, inputs.num_examples[clients])
             idx = jnp.where(mask, clients, state.values.shape[0])
             state = ActiveFLState(state.values.at[idx].set(v, mode="drop"))
-        return Selection(clients, mask, weights), state
+        diagnostics = active_diagnostics(logits, inputs.available, num_soft)
+        return Selection(clients, mask, weights, diagnostics=diagnostics), state
 
     def update(state: ActiveFLState, selection, feedback) -> ActiveFLState:
         if valuation_kind != "train_loss":

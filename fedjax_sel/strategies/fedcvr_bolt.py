@@ -1,5 +1,5 @@
 """FedCVR-Bolt: homophily coalitions and variance-reduction Boltzmann selection (Licciardi,
-Raineri, Proskurnikov, Rondoni and Zino; ``papers/fedcvr_bolt.txt`` Algorithm 1).
+Raineri, Proskurnikov, Rondoni and Zino; arXiv:2506.02897, Algorithm 1).
 
 Every round ``t`` (Algorithm 1, with the server's table ``theta_k(t)`` of the last model it saw
 from each client, sketched to ``D`` coordinates):
@@ -31,15 +31,38 @@ coalitions):
   (warm-up rounds, an empty slot) ``k`` is paired with the selected client of largest
   ``rho_{k, j}``. With one selected client per coalition this is exactly eq. 9;
 * ``gamma_t = 1/t`` counts rounds with at least one trained client (every round when all are
-  online); ``C(1) = init_cov * I`` (design section 7; with ``gamma_1 = 1`` it only shapes ``v``
+  online); ``C(1) = init_cov * I`` (with ``gamma_1 = 1`` it only shapes ``v``
   before the first update);
 * the table starts at the initial global model for every client (Algorithm 1's input
   ``theta_k(1)``).
+
+The two mechanisms can be taken apart: ``beta = 0`` makes every coalition's law uniform
+(coalition-stratified sampling: one uniformly drawn client per coalition, the value vector
+unused), and ``value_scale="standardized"`` (ours, not the paper's) standardises the values
+within each coalition (mean 0, standard deviation 1 over its available members) before eq. 8, so
+that ``beta`` is scale-free: ``v`` is in squared-parameter units, and at the paper's
+``beta = 1`` its spread inside a coalition can be so small that eq. 8 is uniform in practice.
+
+Diagnostics (``Selection.diagnostics``, every round; per-coalition arrays are ordered by
+coalition size, largest first, so that their means over rounds stay meaningful):
+
+* ``law``: the inclusion law the round was drawn from (``pi_p(k)`` of each client's coalition;
+  uniform over the available clients during the warm-up); the engine reports its entropy ratio
+  and largest probability over uniform;
+* ``coalition_sizes`` float32[P]: clients per coalition; ``coalitions_used``;
+* ``coalition_entropy_ratio`` and ``coalition_max_over_uniform`` float32[P]: how far each
+  coalition's eq. 8 law is from uniform on its available members (computed in the warm-up too:
+  the law the round would have used); ``logit_spread``: the largest ``beta (max v - min v)``
+  inside a coalition (the values after standardisation when that option is on);
+* ``ari_dominant_label``: adjusted Rand index of the coalitions against each client's dominant
+  training label (classification only: from ``SimSpec.label_counts``);
+  ``ari_previous_round``: against the previous round's coalitions (their stability);
+* ``value_max``, ``value_mean`` (over the available clients) and ``in_warmup``.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import chex
 import jax
@@ -50,9 +73,11 @@ from fedjax_sel.kernels import gumbel_top_k, uniform_without_replacement
 from fedjax_sel.kernels.affinity import normalize_rows
 from fedjax_sel.kernels.boltzmann import (
     boltzmann_logits,
+    coalition_law_stats,
     coalition_probabilities,
     fill_slots,
     sample_per_coalition,
+    standardize_within,
 )
 from fedjax_sel.kernels.covariance import (
     StreamingCovariance,
@@ -60,6 +85,7 @@ from fedjax_sel.kernels.covariance import (
     init_covariance,
     value_vector,
 )
+from fedjax_sel.kernels.kmeans import adjusted_rand_index, contingency_ari
 from fedjax_sel.kernels.spectral import (
     DEFAULT_COALITIONS,
     CoalitionConfig,
@@ -74,6 +100,8 @@ from fedjax_sel.strategies._sketch import (
 )
 from fedjax_sel.strategies.registry import register_strategy
 
+VALUE_SCALES = ("raw", "standardized")
+
 
 class FedCVRState(NamedTuple):
     """Attributes:
@@ -81,28 +109,28 @@ class FedCVRState(NamedTuple):
     cov: the streaming covariance statistics (``C^d alpha`` and ``diag C^d``).
     alpha: float32[K] global weights ``n_k / sum n``.
     coords: int32[D] flattened-parameter indices of the sketch.
-    labels: int32[K] the coalitions of the latest round.
-    values: float32[K] the value vector of the latest round.
-    probs: float32[K] the Boltzmann probabilities of the latest round (eq. 8, available
-      clients; the warm-up rounds sample uniformly instead)."""
+    labels: int32[K] the coalitions of the latest round (eq. 9 needs them in ``update``).
+    dominant: bool[K, C] one-hot of each client's most frequent training label (the reference
+      of the ``ari_dominant_label`` diagnostic), ``None`` without label counts."""
 
     table: Array
     cov: StreamingCovariance
     alpha: Array
     coords: Array
     labels: Array
-    values: Array
-    probs: Array
+    dominant: Array | None = None
 
 
 class BoltRound(NamedTuple):
-    """One selection: ``clients`` int32[P], ``mask`` bool[P], and the round's ``labels``,
-    ``values`` and ``probs`` (float32[K])."""
+    """One selection: ``clients`` int32[P], ``mask`` bool[P], and the round's ``labels``
+    (int32[K]), ``values`` (eq. 6), ``scores`` (the values eq. 8 used: ``values`` or their
+    standardisation) and ``probs`` (eq. 8, float32[K])."""
 
     clients: Array
     mask: Array
     labels: Array
     values: Array
+    scores: Array
     probs: Array
 
 
@@ -114,24 +142,72 @@ def select_clients(
     *,
     per_round: int,
     beta: float = 1.0,
+    value_scale: str = "raw",
     coalitions: CoalitionConfig = DEFAULT_COALITIONS,
     fill_empty: bool = True,
 ) -> BoltRound:
     """Algorithm 1 lines 3-8 (no warm-up): coalitions, value vector, one Boltzmann draw per
-    coalition among the ``available`` clients (empty slots filled when ``fill_empty``)."""
+    coalition among the ``available`` clients (empty slots filled when ``fill_empty``);
+    ``value_scale="standardized"`` standardises the values within each coalition first."""
     chex.assert_rank(table, 2)
     chex.assert_shape(available, (table.shape[0],))
+    if value_scale not in VALUE_SCALES:
+        raise ConfigError(f"value_scale must be one of {VALUE_SCALES}, got {value_scale!r}")
     k_coal, k_draw, k_fill = jax.random.split(key, 3)
     labels = spectral_clustering(normalize_rows(table), per_round, k_coal, coalitions)
     values = value_vector(cov.c_alpha, cov.c_diag)
-    probs = coalition_probabilities(values, labels, per_round, beta, available)
-    clients, ok = sample_per_coalition(k_draw, values, labels, per_round, beta, available)
+    scores = values
+    if value_scale == "standardized":
+        scores = standardize_within(values, labels, per_round, available)
+    probs = coalition_probabilities(scores, labels, per_round, beta, available)
+    clients, ok = sample_per_coalition(k_draw, scores, labels, per_round, beta, available)
     if fill_empty:
         taken = jnp.zeros(available.shape, bool).at[clients].max(ok)
-        logits = boltzmann_logits(values, beta, available & ~taken)
+        logits = boltzmann_logits(scores, beta, available & ~taken)
         backup, backup_ok = gumbel_top_k(k_fill, logits, per_round)
         clients, ok = fill_slots(clients, ok, backup, backup_ok, per_round)
-    return BoltRound(clients, ok, labels, values, probs)
+    return BoltRound(clients, ok, labels, values, scores, probs)
+
+
+def bolt_diagnostics(
+    bolt: BoltRound,
+    available: Array,
+    in_warmup: Array,
+    *,
+    per_round: int,
+    beta: float,
+    previous_labels: Array,
+    dominant: Array | None = None,
+) -> dict[str, Array]:
+    """The round's diagnostics (module docstring)."""
+    labels = bolt.labels
+    n_avail = jnp.maximum(jnp.sum(available), 1).astype(jnp.float32)
+    uniform = available.astype(jnp.float32) / n_avail
+    law = jnp.where(in_warmup, uniform, bolt.probs)
+    stats = coalition_law_stats(bolt.probs, labels, per_round, available)
+    sizes = jax.ops.segment_sum(jnp.ones(labels.shape, jnp.float32), labels, per_round)
+    order = jnp.argsort(-sizes, stable=True)
+    ok = available & jnp.isfinite(bolt.scores)
+    hi = jax.ops.segment_max(jnp.where(ok, bolt.scores, -jnp.inf), labels, per_round)
+    lo = jax.ops.segment_min(jnp.where(ok, bolt.scores, jnp.inf), labels, per_round)
+    spread = jnp.where(jnp.isfinite(hi) & jnp.isfinite(lo), beta * (hi - lo), 0.0)
+    values_ok = available & jnp.isfinite(bolt.values)
+    out = {
+        "law": law,
+        "coalition_sizes": sizes[order],
+        "coalitions_used": jnp.sum(sizes > 0).astype(jnp.float32),
+        "coalition_entropy_ratio": stats.entropy_ratio[order],
+        "coalition_max_over_uniform": stats.max_over_uniform[order],
+        "logit_spread": jnp.max(spread),
+        "ari_previous_round": adjusted_rand_index(labels, previous_labels, per_round, per_round),
+        "value_max": jnp.max(jnp.where(values_ok, bolt.values, -jnp.inf)),
+        "value_mean": jnp.sum(jnp.where(values_ok, bolt.values, 0.0)) / n_avail,
+        "in_warmup": in_warmup.astype(jnp.float32),
+    }
+    if dominant is not None:
+        member = jax.nn.one_hot(labels, per_round, dtype=jnp.float32)
+        out["ari_dominant_label"] = contingency_ari(member.T @ dominant.astype(jnp.float32))
+    return out
 
 
 def conditional_means(
@@ -174,6 +250,14 @@ def observe(
     return new_table, new_cov
 
 
+def dominant_labels(label_counts: Array | None) -> Array | None:
+    """bool[K, C]: one-hot of each client's most frequent label (``None`` without counts)."""
+    if label_counts is None:
+        return None
+    counts = jnp.asarray(label_counts)
+    return jax.nn.one_hot(jnp.argmax(counts, axis=1), counts.shape[1], dtype=bool)
+
+
 @register_strategy(
     "fedcvr_bolt",
     description="homophily coalitions (spectral clustering) + one Boltzmann draw per coalition "
@@ -185,6 +269,7 @@ def fedcvr_bolt(
     *,
     per_round: int,
     beta: float = 1.0,
+    value_scale: Literal["raw", "standardized"] = "raw",
     warmup: int = 30,
     affinity: str = "rbf",
     gamma: float = 1.0,
@@ -204,7 +289,10 @@ def fedcvr_bolt(
 
     Args:
       per_round: P, coalitions and clients per round.
-      beta: Boltzmann inverse temperature (eq. 8; 1 in the paper).
+      beta: Boltzmann inverse temperature (eq. 8; 1 in the paper; 0: uniform within each
+        coalition, i.e. coalition-stratified sampling).
+      value_scale: ``raw`` (eq. 8 on ``v``, the paper's) or ``standardized`` (ours: ``v``
+        standardised within each coalition, a scale-free ``beta``).
       warmup: rounds of uniform sampling before Boltzmann selection (30 in the paper).
       affinity: ``rbf`` (eq. 4, row-normalised), ``cosine``, ``laplacian`` or ``sigmoid``.
       gamma, coef0: kernel parameters (``gamma = 0``: automatic scale).
@@ -222,6 +310,10 @@ def fedcvr_bolt(
     """
     if not beta >= 0:
         raise ConfigError(f"fedcvr_bolt beta must be >= 0, got {beta}")
+    if value_scale not in VALUE_SCALES:
+        raise ConfigError(
+            f"fedcvr_bolt value_scale must be one of {VALUE_SCALES}, got {value_scale!r}"
+        )
     if int(warmup) != warmup or warmup < 0:
         raise ConfigError(f"fedcvr_bolt warmup must be an integer >= 0, got {warmup}")
     if not init_cov > 0:
@@ -251,8 +343,7 @@ def fedcvr_bolt(
             alpha=alpha,
             coords=coords,
             labels=jnp.zeros((k,), jnp.int32),
-            values=jnp.zeros((k,), jnp.float32),
-            probs=jnp.zeros((k,), jnp.float32),
+            dominant=dominant_labels(spec.label_counts),
         )
 
     def select(state: FedCVRState, inputs, oracle, key):
@@ -265,6 +356,7 @@ def fedcvr_bolt(
             inputs.available,
             per_round=per_round,
             beta=beta,
+            value_scale=value_scale,
             coalitions=config,
             fill_empty=fill_empty,
         )
@@ -273,8 +365,17 @@ def fedcvr_bolt(
         clients = jnp.where(in_warmup, warm_clients, bolt.clients)
         mask = jnp.where(in_warmup, warm_mask, bolt.mask)
         weights = fedavg_weights(inputs.num_examples, clients, mask, weighting)
-        state = state._replace(labels=bolt.labels, values=bolt.values, probs=bolt.probs)
-        return Selection(clients, mask, weights), state
+        diagnostics = bolt_diagnostics(
+            bolt,
+            inputs.available,
+            in_warmup,
+            per_round=per_round,
+            beta=float(beta),
+            previous_labels=state.labels,
+            dominant=state.dominant,
+        )
+        state = state._replace(labels=bolt.labels)
+        return Selection(clients, mask, weights, diagnostics=diagnostics), state
 
     def update(state: FedCVRState, selection: Selection, feedback) -> FedCVRState:
         rows = sketch_one(feedback.params, state.coords)[None, :] + sketch_stacked(
@@ -291,9 +392,4 @@ def fedcvr_bolt(
         )
         return state._replace(table=table, cov=cov)
 
-    def metrics(state: FedCVRState, params, evaluator) -> dict:
-        del params, evaluator
-        used = jnp.zeros((per_round,), bool).at[state.labels].set(True)
-        return {"coalitions_used": jnp.sum(used), "value_max": jnp.max(state.values)}
-
-    return Strategy(init, select, update, metrics=metrics)
+    return Strategy(init, select, update)

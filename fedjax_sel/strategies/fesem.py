@@ -1,5 +1,5 @@
 """FeSEM, multi-center federated learning by stochastic expectation maximisation (Long, Xie,
-Shen, Zhou, Wang and Jiang 2023; ``reference/algorithms.md`` section 9), a clustered baseline of
+Shen, Zhou, Wang and Jiang 2023; docs/fedcvr_bolt.md, "Baselines"), a clustered baseline of
 FedCVR-Bolt's Table 2.
 
 The server keeps ``k`` centers ``W~_1..W~_k`` (full models) and, for each client, the sketch of
@@ -17,7 +17,8 @@ Choices the paper leaves open, as in the reference code: the clustering features
 the model (``sketch="all"`` is the paper's full-model distance, ``last_layer`` is the code's one
 layer), initial assignments are uniform at random (the code's random initial features make the
 first assignment random), and only participants are re-assigned (the others keep stale
-features). Accuracy is reported as in FedCVR-Bolt: each client scored on its own test split under
+features). Diagnostics: the uniform ``law`` and ``cluster_sizes`` (clients per center, largest
+first). Accuracy is reported as in FedCVR-Bolt: each client scored on its own test split under
 its center ``r_i`` (``client_test_accuracy_mean`` replaces the engine's global-model value).
 """
 
@@ -112,7 +113,13 @@ def fesem(
         del oracle
         clients, mask = uniform_without_replacement(key, inputs.available, per_round)
         weights = fedavg_weights(inputs.num_examples, clients, mask, weighting)
-        return Selection(clients, mask, weights), state._replace(slot_cluster=state.assign[clients])
+        sizes = jax.ops.segment_sum(jnp.ones(state.assign.shape, jnp.float32), state.assign, k)
+        diagnostics = {  # uniform selection; the clients per center, largest first
+            "law": inputs.available.astype(jnp.float32),
+            "cluster_sizes": -jnp.sort(-sizes),
+        }
+        selection = Selection(clients, mask, weights, diagnostics=diagnostics)
+        return selection, state._replace(slot_cluster=state.assign[clients])
 
     def start_params(state: FeSEMState, selection, global_params):
         del selection, global_params

@@ -1,4 +1,4 @@
-"""HeteRo-Select (Masud, Jahin and Hasan 2025, ``papers/hetero_select.txt``, Algorithm 1):
+"""HeteRo-Select (Masud, Jahin and Hasan 2025, arXiv:2508.06692, Algorithm 1):
 multi-criteria client scores, softmax selection with a decaying temperature.
 
 Each round every available client k gets a score from six components (eqs. 3-11, see
@@ -52,7 +52,6 @@ class HeteroSelectState(NamedTuple):
       last_round: ``l_k``, the 1-based round of its last selection (0 = never).
       norm_sq: squared norm of its last update ``||w_k^{t'} - w_{t'-1}||^2``.
       norm_known: whether ``norm_sq`` is real.
-      probs: the selection probabilities of the last round (eq. 12; diagnostics).
     """
 
     divergence: Array
@@ -63,7 +62,6 @@ class HeteroSelectState(NamedTuple):
     last_round: Array
     norm_sq: Array
     norm_known: Array
-    probs: Array
 
 
 def init_state(spec: SimSpec, *, needs_labels: bool, diversity_measure: str) -> HeteroSelectState:
@@ -88,7 +86,6 @@ def init_state(spec: SimSpec, *, needs_labels: bool, diversity_measure: str) -> 
         last_round=izeros,
         norm_sq=zeros,
         norm_known=jnp.zeros((k,), bool),
-        probs=zeros,
     )
 
 
@@ -239,13 +236,22 @@ def hetero_select(
         current = oracle.all_losses(inputs.params) if loss_source == "oracle" else None
         comps = compute_components(state, t, available, current, **params)
         scores = combine(comps, weights)
-        logits = scores / hs.temperature(t, tau0, schedule_rounds)
+        tau = hs.temperature(t, tau0, schedule_rounds)
+        logits = scores / tau
         clients, mask = gumbel_top_k(key, logits, per_round, available)
         if current is not None:  # available clients reported L_k(w_{t-1})
             state = _record_loss(state, available, current)
-        state = state._replace(probs=hs.selection_probabilities(logits, 1.0, available))
         w = fedavg_weights(inputs.num_examples, clients, mask, weighting)
-        return Selection(clients, mask, w), state
+        n = jnp.maximum(jnp.sum(available), 1)
+        diagnostics = {  # eq. 12's law and each component's mean over the available clients
+            "law": hs.selection_probabilities(logits, 1.0, available),
+            "temperature": tau,
+            **{
+                f"mean_{name}": jnp.sum(jnp.where(available, value, 0.0)) / n
+                for name, value in comps._asdict().items()
+            },
+        }
+        return Selection(clients, mask, w, diagnostics=diagnostics), state
 
     def update(state, selection, feedback):
         k = state.participations.shape[0]
