@@ -89,12 +89,11 @@ class Selection(NamedTuple):
         client before filtering); the round then skips its own training. ``None`` (the
         default) lets the round train the slots.
       diagnostics: a small dict of per-round mechanism diagnostics (fixed-shape arrays, mostly
-        scalars), logged with the round like any metric (design section 10). The key ``law``
-        (float32[K], the probabilities the selection was drawn from, zero for unavailable
-        clients) is reduced by the engine to ``law_entropy_ratio`` (entropy over the entropy
-        of the uniform law on the available clients: 1 = uniform) and
-        ``law_max_over_uniform`` (the largest probability times the number of available
-        clients), and is not logged itself.
+        scalars), logged with the round like any metric. The key ``law`` (float32[K], the
+        probabilities the selection was drawn from, zero for unavailable clients) is reduced
+        by the engine to ``law_entropy_ratio`` (entropy over the entropy of the uniform law on
+        the available clients: 1 = uniform) and ``law_max_over_uniform`` (the largest
+        probability times the number of available clients), and is not logged itself.
     """
 
     clients: Array
@@ -102,6 +101,7 @@ class Selection(NamedTuple):
     weights: Array
     train_result: TrainResult | None = None
     diagnostics: dict[str, Array] | None = None
+    timing: Any = None  # set by the engine: the system model's decisions for these slots
 
 
 class AvailabilityParams(NamedTuple):
@@ -129,6 +129,9 @@ class RoundInputs(NamedTuple):
       availability_params: the availability model's true parameters
         (:class:`AvailabilityParams`) when it exposes them (``AvailabilityModel.true_params``),
         else ``None``. Only oracle-mode strategies read it.
+      durations: float32[K], the simulated seconds each client would take for its full local
+        work this round (device profile, :mod:`fedjax_sel.system`), or ``None`` without a
+        system model (Oort's system utility reads it).
     """
 
     round: Array
@@ -136,6 +139,7 @@ class RoundInputs(NamedTuple):
     params: Params
     num_examples: Array
     availability_params: AvailabilityParams | None = None
+    durations: Array | None = None
 
 
 class ClientOracle(NamedTuple):
@@ -186,6 +190,11 @@ class RoundFeedback(NamedTuple):
       update_norm: float32[per_round], L2 norm of each slot's delta.
       num_examples: int32[per_round], training examples of each slot's client.
       num_steps: int32[per_round], local steps taken.
+      requested: bool[per_round], the strategy's own mask before the engine's system model
+        (a slot requested but not kept was dropped, over-committed out or cut to zero steps);
+        equal to the selection's mask without a system model.
+      durations: float32[per_round], each slot's full simulated duration (0 without a system
+        model).
     """
 
     round: Array
@@ -199,6 +208,8 @@ class RoundFeedback(NamedTuple):
     update_norm: Array
     num_examples: Array
     num_steps: Array
+    requested: Array | None = None
+    durations: Array | None = None
 
 
 InitFn = Callable[[PRNGKey, SimSpec], PyTree]
@@ -238,6 +249,11 @@ class Strategy(NamedTuple):
       metrics: optional ``(state, global_params, evaluator) -> dict[str, scalar]``: extra
         evaluation metrics logged at every evaluation (an :class:`Evaluator` is passed;
         clustered methods report the mean client accuracy under each client's own model).
+      needs_system: the strategy reads ``RoundInputs.durations`` (a simulation without a
+        system model then uses the default device profile).
+      asynchronous: the strategy can pick who starts when a slot frees up in asynchronous FL
+        (:mod:`fedjax_sel.fedbuff`): its ``update`` reads only client-indexed feedback, so it
+        accepts the arrivals of an event step as the "selection".
     """
 
     init: InitFn
@@ -246,6 +262,8 @@ class Strategy(NamedTuple):
     name: str = "strategy"
     start_params: Callable[[PyTree, Selection, Params], Params] | None = None
     metrics: Callable[[PyTree, Params, Evaluator], dict] | None = None
+    needs_system: bool = False
+    asynchronous: bool = False
 
 
 class EmptyState(NamedTuple):
@@ -269,14 +287,17 @@ class AvailabilityModel(NamedTuple):
     ``step`` is called once per round, before selection; the state carries whatever the model
     needs (a Markov chain's current on/off states, a replay cursor). ``true_params`` (optional):
     ``state -> AvailabilityParams``, the process's true ``pi`` and ``lambda`` per client, passed
-    to strategies as ``RoundInputs.availability_params`` (oracle estimators).
+    to strategies as ``RoundInputs.availability_params`` (oracle estimators). ``needs_spec``:
+    ``init`` takes a third argument, the simulation's :class:`SimSpec` (models whose
+    availability follows the clients' data).
     """
 
-    init: Callable[[PRNGKey, int], PyTree]
+    init: Callable[..., PyTree]
     step: Callable[[PyTree, PRNGKey], tuple[Array, PyTree]]
     name: str = "availability"
     info: dict | None = None
     true_params: Callable[[PyTree], AvailabilityParams] | None = None
+    needs_spec: bool = False
 
 
 class ConfigError(ValueError):

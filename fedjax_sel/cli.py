@@ -1,4 +1,4 @@
-"""The ``fedjax-sel`` command line (design section 8).
+"""The ``fedjax-sel`` command line.
 
 ::
 
@@ -31,6 +31,14 @@ def cmd_run(a: argparse.Namespace) -> int:
     from fedjax_sel.config import config_from_flags, read_config_file
     from fedjax_sel.experiment import run_experiment
 
+    primary = True
+    if a.distributed:
+        from fedjax_sel import distributed
+
+        distributed.initialize(a.coordinator, a.num_processes, a.process_id)
+        primary = distributed.is_primary()
+    elif a.coordinator or a.num_processes is not None or a.process_id is not None:
+        raise ConfigError("--coordinator, --num-processes and --process-id need --distributed")
     base = {}
     if a.resume is not None:
         resume = Path(a.resume)
@@ -45,11 +53,20 @@ def cmd_run(a: argparse.Namespace) -> int:
     elif a.config is not None:
         base = read_config_file(a.config)
     config = config_from_flags(a, base).resolve()
+    if a.distributed and config.mode != "global":
+        raise ConfigError("--distributed runs global-model strategies (mode=global) only")
     if a.resume is None:
         out = Path(a.out or f"runs/{config.strategy}-{config.dataset}")
     result = run_experiment(
-        config, out, progress=not a.no_progress, resume=a.resume is not None, echo=_echo
+        config,
+        out,
+        progress=not a.no_progress and primary,
+        resume=a.resume is not None,
+        echo=_echo if primary else _quiet,
+        trace_dir=a.trace,
     )
+    if not primary:  # process 0 reports and writes
+        return 1 if result.summary.get("diverged") else 0
     print_summary_table([result.summary])
     print(f"outputs written to {out}/ (config.json, metrics.jsonl, summary.json, curves.png)")
     return 1 if result.summary.get("diverged") else 0
@@ -65,6 +82,10 @@ def _config_fields() -> set[str]:
 
 def _echo(*args) -> None:
     print(*args, file=sys.stderr)
+
+
+def _quiet(*args) -> None:
+    del args
 
 
 def cmd_demo(a: argparse.Namespace) -> int:
@@ -86,8 +107,19 @@ def cmd_sweep(a: argparse.Namespace) -> int:
             raise ConfigError(
                 f"--seeds-together must be 'auto' or a number, got {together!r}"
             ) from None
+    from fedjax_sel.config import read_config_file
+    from fedjax_sel.registry import parse_pairs
+
+    spec = dict(read_config_file(a.file))
+    if a.set:
+        overrides = {}
+        for item in a.set:
+            overrides.update(parse_pairs(item, what="--set"))
+        spec["override"] = overrides
+    if a.seeds is not None:
+        spec["sweep"] = {**spec.get("sweep", {}), "seeds": a.seeds}
     run_sweep(
-        a.file,
+        spec,
         out,
         seeds_together=together,
         progress=not a.no_progress,
@@ -106,6 +138,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
         metrics=a.metric,
         at_rounds=a.at_round or (),
         targets=a.target or (),
+        time_targets=a.time_to or (),
         out=a.out,
     )
     if a.out:
@@ -154,6 +187,11 @@ def cmd_list(a: argparse.Namespace) -> int:
         AVAILABILITY,
         lambda e: "; ".join(f"{k}: {v}" for k, v in e.info.get("params", {}).items()),
     )
+    from fedjax_sel.fedbuff import ASYNC
+    from fedjax_sel.system import SYSTEMS
+
+    section("system models (--system NAME:key=value,...):", SYSTEMS)
+    section("asynchronous modes (--async NAME:key=value,...):", ASYNC)
     section("personalized methods (--mode personalized --strategy NAME):", PERSONALIZED_METHODS)
     section("reproductions (fedjax-sel reproduce NAME):", REPRODUCTIONS)
     section("kernel benchmarks (fedjax-sel bench kernels --kernel NAME):", KERNEL_BENCHMARKS)
@@ -164,13 +202,53 @@ def cmd_bench(a: argparse.Namespace) -> int:
     from fedjax_sel import bench
 
     if a.what == "throughput":
+        from fedjax_sel.registry import convert
+
+        shape = None
+        if a.input_shape is not None:
+            shape = convert(
+                a.input_shape.replace(",", "-"), tuple[int, ...], what="--input-shape", key="shape"
+            )
         rows = bench.throughput_main(
             models=a.model or ["logreg"],
             per_rounds=a.per_round or [None],
             modes=a.mode,
+            work=a.work,
             local_steps=a.local_steps,
             batch_size=a.batch_size,
             repeats=a.repeats,
+            out=a.out,
+            model_def=a.model_def,
+            input_shape=shape,
+            classes=a.classes,
+            trace=a.trace,
+            system=a.system,
+            asynchronous=a.asynchronous,
+        )
+    elif a.what == "phases":
+        from fedjax_sel.bench.trace_phases import phase_seconds, plot_phases
+
+        if a.trace is None:
+            raise ConfigError("bench phases needs --trace DIR (a trace written by run --trace)")
+        seconds = phase_seconds(a.trace)
+        total = sum(seconds.values())
+        for name, s in sorted(seconds.items(), key=lambda kv: -kv[1]):
+            print(f"  {name:16s} {s * 1e3:9.2f} ms  {100 * s / total:5.1f}%")
+        rows = [seconds]
+        if a.out:
+            print(f"wrote {plot_phases(a.trace, a.out)}")
+    elif a.what == "scale":
+        from fedjax_sel.bench.scale import scale_main
+
+        per_round = a.per_round or [1000]
+        if len(per_round) != 1:
+            raise ConfigError("bench scale takes one --per-round (capped at K / 10 per row)")
+        rows = scale_main(
+            strategies=a.strategy,
+            clients=a.clients,
+            per_round=per_round[0],
+            rounds=a.repeats,
+            max_examples=a.max_examples,
             out=a.out,
         )
     elif a.what == "sweep":
@@ -190,9 +268,10 @@ def cmd_reproduce(a: argparse.Namespace) -> int:
     from fedjax_sel.registry import parse_pairs
     from fedjax_sel.reproduce import REPRODUCTIONS
 
+    seeds = {} if a.seeds is None else {"seeds": a.seeds}  # else the reproduction's default
     REPRODUCTIONS.build(
         a.name,
-        seeds=a.seeds,
+        **seeds,
         out=Path(a.out or f"runs/reproduce-{a.name}/{a.profile}-{a.size}"),
         size=a.size,
         profile=a.profile,
@@ -247,6 +326,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", default=None, help="output folder (default runs/<strategy>-<dataset>)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--trace",
+        default=None,
+        metavar="DIR",
+        help="write a jax.profiler trace of the second chunk of rounds (Perfetto, TensorBoard)",
+    )
+    dist = p.add_argument_group(
+        "several processes (hosts)",
+        "one process per host runs the same command; jax.distributed joins them, clients are "
+        "sharded over every device of every host, process 0 writes the outputs",
+    )
+    dist.add_argument(
+        "--distributed",
+        action="store_true",
+        help="join the other processes (without the three flags below JAX reads the cluster "
+        "from the environment: SLURM, Open MPI, ...)",
+    )
+    dist.add_argument(
+        "--coordinator", default=None, metavar="HOST:PORT", help="process 0's address"
+    )
+    dist.add_argument("--num-processes", type=int, default=None, help="number of processes")
+    dist.add_argument("--process-id", type=int, default=None, help="this process, 0 .. N-1")
     add_config_flags(p)
     p.set_defaults(func=cmd_run)
 
@@ -260,6 +361,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--no-compare", action="store_true", help="skip the comparison at the end")
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a setting in every cell (e.g. rounds=2 for a quick check); repeatable",
+    )
+    p.add_argument("--seeds", type=int, default=None, help="override the file's seeds")
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("compare", help="paired comparison of finished runs over seeds")
@@ -268,11 +376,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metric", action="append", help="summary metric (repeatable)")
     p.add_argument("--at-round", type=int, action="append", help="accuracy at round R")
     p.add_argument("--target", type=float, action="append", help="rounds to accuracy A")
+    p.add_argument("--time-to", type=float, action="append", help="simulated seconds to accuracy A")
     p.add_argument("--out", default=None, help="write comparison.json/csv/md/png here")
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("bench", help="throughput, kernel and sweep benchmarks (JSON + table)")
-    p.add_argument("what", choices=("throughput", "kernels", "sweep"))
+    p.add_argument("what", choices=("throughput", "kernels", "sweep", "phases", "scale"))
+    p.add_argument(
+        "--strategy", action="append", help="scale: strategies (default: the million-client set)"
+    )
+    p.add_argument(
+        "--max-examples", type=int, default=20, help="scale: examples per client at most"
+    )
     p.add_argument("--model", action="append", help="throughput/sweep: logreg, mlp, cnn, lstm")
     p.add_argument("--per-round", type=int, action="append", help="throughput: clients per round")
     p.add_argument(
@@ -280,10 +395,38 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         help="throughput: engine modes to time (auto, vmap, map, chunked:C); default auto",
     )
+    p.add_argument(
+        "--work",
+        choices=("steps", "epochs"),
+        default="steps",
+        help="throughput: fixed local steps, or one local epoch over LogNormal-sized clients",
+    )
     p.add_argument("--local-steps", type=int, default=10)
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--batch-size", type=int, default=None, help="default 32 (steps) or 10 (epochs)")
+    p.add_argument(
+        "--model-def",
+        default=None,
+        metavar="FILE.py:NAME",
+        help="throughput: a flax module of yours",
+    )
+    p.add_argument("--input-shape", default=None, help="with --model-def, e.g. 28,28,1")
+    p.add_argument("--classes", type=int, default=None, help="with --model-def")
+    p.add_argument("--trace", default=None, metavar="DIR", help="a jax.profiler trace here")
+    p.add_argument(
+        "--system",
+        default=None,
+        metavar="SPEC",
+        help="throughput: also time the round with this system model (its overhead)",
+    )
+    p.add_argument(
+        "--async",
+        dest="asynchronous",
+        default=None,
+        metavar="SPEC",
+        help="throughput: also FedBuff's client updates/s at concurrency P (fedbuff:buffer=B)",
+    )
     p.add_argument("--kernel", action="append", help="kernels: names (default all)")
-    p.add_argument("--clients", type=int, action="append", help="kernels: K values")
+    p.add_argument("--clients", type=int, action="append", help="kernels/scale: K values")
     p.add_argument("--seeds", type=int, action="append", help="sweep: seeds together (1 4 16)")
     p.add_argument("--rounds", type=int, default=20, help="sweep: rounds per run")
     p.add_argument("--repeats", type=int, default=5)
@@ -292,7 +435,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("reproduce", help="reproduce a paper's tables and figures")
     p.add_argument("name")
-    p.add_argument("--seeds", type=int, default=5, help="paired seeds (default 5)")
+    p.add_argument(
+        "--seeds", type=int, default=None, help="paired seeds (default: the reproduction's, >= 5)"
+    )
     p.add_argument(
         "--profile",
         choices=("paper", "code"),
@@ -314,7 +459,52 @@ def build_parser() -> argparse.ArgumentParser:
         help="a reproduction's own option (`fedjax-sel list`), e.g. tables=I-II",
     )
     p.set_defaults(func=cmd_reproduce)
+
+    p = sub.add_parser("trace", help="availability traces: convert FedScale's behaviour trace")
+    tsub = p.add_subparsers(dest="trace_command", required=True)
+    t = tsub.add_parser(
+        "convert",
+        help="FedScale client_behave_trace (pickle or JSON) -> T x K trace for "
+        "--availability trace:path=OUT",
+    )
+    t.add_argument("input", help="FedScale behaviour trace (pickle, or JSON of the same shape)")
+    t.add_argument("output", help="the T x K trace to write (.npy, .npz, .csv or .txt)")
+    t.add_argument("--round-seconds", type=float, required=True, help="seconds per round")
+    t.add_argument("--rounds", type=int, required=True, help="T, rows of the trace")
+    t.add_argument(
+        "--clients", type=int, default=None, help="K (default: the number of trace entries)"
+    )
+    t.add_argument("--start", type=float, default=0.0, help="time of round 0 in seconds")
+    t.add_argument(
+        "--rule",
+        choices=("interval", "fedscale"),
+        default="interval",
+        help="interval: online inside [active_i, inactive_i]; fedscale: FedScale's stateful "
+        "is_active cursor",
+    )
+    t.set_defaults(func=cmd_trace)
     return parser
+
+
+def cmd_trace(a: argparse.Namespace) -> int:
+    from fedjax_sel.availability.fedscale_trace import convert_behaviour_trace, save_trace
+
+    trace = convert_behaviour_trace(
+        a.input,
+        round_seconds=a.round_seconds,
+        rounds=a.rounds,
+        clients=a.clients,
+        start=a.start,
+        rule=a.rule,
+    )
+    path = save_trace(trace, a.output)
+    per_client = trace.mean(0)
+    print(
+        f"wrote {path}: {trace.shape[0]} rounds x {trace.shape[1]} clients, online "
+        f"{trace.mean():.1%} of client-rounds (per client {per_client.min():.0%} .. "
+        f"{per_client.max():.0%}); use --availability trace:path={path}"
+    )
+    return 0
 
 
 def set_cpu_devices(n: int | None) -> None:

@@ -113,6 +113,45 @@ class RunConfig:
         "subset:n=N,every=E | trace:path=FILE (`fedjax-sel list`)",
         group=_S,
     )
+    system: str | None = setting(
+        None,
+        "device profiles and a virtual clock: lognormal[:compute_ms=150,sigma=0.8,"
+        "bandwidth_kbps=2200,bandwidth_sigma=0.8,noise=0] | pareto | normal | fedscale:path=FILE",
+        group=_S,
+    )
+    deadline: float | None = setting(
+        None,
+        "seconds a round waits (stragglers send the steps they finished; needs --system)",
+        group=_S,
+        positive=True,
+    )
+    overcommit: float = setting(
+        1.0,
+        "select ceil(P x this) clients, keep the first P finishers (needs --system)",
+        group=_S,
+        minimum=1,
+    )
+    dropout: float = setting(
+        0.0,
+        "probability that a selected client fails and sends nothing",
+        group=_S,
+        minimum=0,
+        below=1,
+    )
+    asynchronous: str | None = setting(
+        None,
+        "asynchronous FL instead of rounds: fedbuff[:concurrency=C,buffer=B,alpha=0.5] "
+        "(C clients in flight, default --per-round, which it then sets; a server update every "
+        "B arrivals; needs --system)",
+        group=_S,
+        flag="async",
+    )
+    accuracy_targets: tuple[float, ...] = setting(
+        (),
+        "test accuracies whose first rounds and simulated seconds the summary reports (0.8-0.9)",
+        group=_R,
+        results=False,
+    )
     dataset: str = setting("digits", "data set (`fedjax-sel list`)", group=_D)
     dataset_args: dict[str, Any] = setting(
         {}, "data-set option; repeatable", group=_D, flag="dataset-arg", metavar="KEY=VALUE"
@@ -199,7 +238,7 @@ class RunConfig:
     server_weight_decay: float = setting(0.0, "server weight decay", group=_T, minimum=0)
     parallel: str = setting(
         "auto",
-        "client parallelism: auto | vmap | map | chunked:C (design section 6)",
+        "client parallelism: auto | vmap | map | chunked:C",
         group=_T,
         results=False,
     )
@@ -272,6 +311,27 @@ class RunConfig:
         self.model_args = MODELS.resolve(model, self.model_args)
         name, positional, pairs = parse_spec(self.availability, what="availability")
         AVAILABILITY.resolve(name, pairs, positional)
+        if self.system is not None:
+            from fedjax_sel.system import SYSTEMS
+
+            name, positional, pairs = parse_spec(self.system, what="system model")
+            SYSTEMS.resolve(name, pairs, positional)
+        elif self.deadline is not None or self.overcommit != 1.0:
+            raise ConfigError(
+                "--deadline and --overcommit need device profiles: give --system (e.g. "
+                "--system lognormal)"
+            )
+        if self.asynchronous is not None:
+            from fedjax_sel.fedbuff import from_spec as async_from_spec
+
+            if self.mode != "global":
+                raise ConfigError("--async runs global-model strategies (mode=global) only")
+            if self.system is None:
+                raise ConfigError(
+                    "--async needs device profiles for its clock: give --system (e.g. "
+                    "--system lognormal)"
+                )
+            self.per_round = async_from_spec(self.asynchronous, self.per_round).concurrency
         return self
 
     # ------------------------------------------------------------------------- (de)serialise

@@ -186,8 +186,14 @@ def _convert_one(value: Any, annotation: Any) -> Any:
         if not isinstance(value, str):
             raise ValueError
         return value.strip()
-    # another type (arrays, callables): Python API values pass through, text is guessed
-    return _guess(value) if isinstance(value, str) else value
+    # another type (arrays, callables): Python API values pass through, text is guessed;
+    # text that is no number or bool is only valid for an untyped option
+    if not isinstance(value, str):
+        return value
+    guess = _guess(value)
+    if isinstance(guess, str) and annotation not in (Any, inspect.Parameter.empty):
+        raise ValueError
+    return guess
 
 
 def _guess(value: Any) -> Any:

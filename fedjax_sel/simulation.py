@@ -1,4 +1,4 @@
-"""The round and the run (design section 5).
+"""The round and the run.
 
 One round: availability -> select -> local training of the selected slots -> weighted
 aggregation -> server optimizer step -> strategy update. It is one pure function of the
@@ -41,14 +41,26 @@ from fedjax_sel.base import (
 )
 from fedjax_sel.data.client_data import ClientData, stack_client_data
 from fedjax_sel.data.datasets import FederatedDataset
+from fedjax_sel.distributed import to_host
+from fedjax_sel.fedbuff import FedBuff, event_step, init_slots
 from fedjax_sel.models import Model
+from fedjax_sel.models.base import with_conv_impl
+from fedjax_sel.round_log import RoundLog, round_diagnostics
+from fedjax_sel.system import (
+    SystemModel,
+    client_work,
+    durations,
+    model_kbit,
+    overcommitted,
+    round_timing,
+)
 from fedjax_sel.training import evaluate as ev
 from fedjax_sel.training.local import LocalConfig, client_optimizer, make_trainer
 from fedjax_sel.training.server import server_optimizer, server_step, weighted_delta
 from fedjax_sel.tree import stacked_norms
 
 # fold_in tags of the per-round key
-_AVAIL, _SELECT, _TRAIN = 0, 1, 2
+_AVAIL, _SELECT, _TRAIN, _SYSTEM, _DROPOUT = 0, 1, 2, 3, 4
 
 
 @struct.dataclass
@@ -67,6 +79,11 @@ class SimState:
       selection_counts: int32[K], rounds each client was selected in.
       weight_sums: float32[K], each client's aggregation weights summed over the rounds
         (``weight_sums / T`` is CA-Fed's cumulative weight, its Fig. 1d).
+      sim_time: simulated seconds since the start (the virtual clock; 0 without a system
+        model).
+      system_state: the system model's per-client speeds, or ``None``.
+      async_state: asynchronous FL's in-flight slots and buffer
+        (:class:`fedjax_sel.fedbuff.SlotsState`), or ``None`` for synchronous rounds.
     """
 
     round: Array
@@ -78,21 +95,22 @@ class SimState:
     client_opt_states: Any
     selection_counts: Array
     weight_sums: Array
+    sim_time: Array
+    system_state: Any
+    async_state: Any = None
 
 
-class RoundLog(NamedTuple):
-    """Per-round outputs of :meth:`Simulation.run_rounds` (stacked over rounds)."""
+class SlotTiming(NamedTuple):
+    """The system model's decisions for a round's slots (see :func:`fedjax_sel.system.
+    round_timing`): the strategy's own mask, each slot's step limit (``None`` without a
+    deadline), full duration, and the round's duration, dropouts and stragglers."""
 
-    round: Array
-    clients: Array  # int32[P]
-    mask: Array  # bool[P]
-    weights: Array  # float32[P]
-    train_loss: Array  # mean over selected slots (NaN when none)
-    num_selected: Array
-    num_available: Array
-    update_norm: Array  # mean over selected slots
-    finite: Array  # bool: global parameters finite after the round
-    diagnostics: dict  # the strategy's per-round diagnostics (Selection.diagnostics) + engine's
+    requested: Array
+    step_limit: Array | None
+    durations: Array
+    duration: Array
+    dropped: Array
+    stragglers: Array
 
 
 class SimData(NamedTuple):
@@ -169,21 +187,54 @@ def stack_states(states: list[SimState]) -> SimState:
     return rest.replace(round=first.round)
 
 
-def round_diagnostics(diagnostics: dict | None, available: Array, counts: Array) -> dict:
-    """The round's logged diagnostics: the strategy's (its sampling ``law`` reduced to
-    ``law_entropy_ratio`` and ``law_max_over_uniform``, see :class:`Selection`) and the
-    engine's ``never_picked`` (clients not selected in any round so far)."""
-    out = dict(diagnostics or {})
-    law = out.pop("law", None)
-    if law is not None:
-        p = jnp.where(available, law, 0.0).astype(jnp.float32)
-        p = p / jnp.maximum(jnp.sum(p), 1e-30)
-        n = jnp.maximum(jnp.sum(available), 1).astype(jnp.float32)
-        entropy = -jnp.sum(jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0))
-        out["law_entropy_ratio"] = jnp.where(n > 1, entropy / jnp.log(n), 1.0)
-        out["law_max_over_uniform"] = jnp.max(p) * n
-    out["never_picked"] = jnp.sum(counts == 0)
-    return out
+def split_conv(spec: str) -> tuple[str, str | None]:
+    """``"map:conv=xla"`` / ``"chunked:4,conv=patches"`` -> (parallelism spec, conv impl)."""
+    from fedjax_sel.registry import parse_spec
+
+    name, positional, pairs = parse_spec(spec, what="client parallelism")
+    conv = pairs.pop("conv", None)
+    if pairs:
+        raise ConfigError(f"client parallelism {spec!r}: unknown option(s) {sorted(pairs)}")
+    rest = ":".join([name] + ([",".join(positional)] if positional else []))
+    return rest, conv
+
+
+def _check_asynchronous(
+    mode: FedBuff,
+    num_clients: int,
+    per_round: int,
+    strategy: Strategy,
+    system,
+    deadline,
+    overcommit: float,
+    dropout: float,
+    persistent_client_state: bool,
+) -> None:
+    """Asynchronous FL's preconditions, each refused with the setting that breaks it."""
+    mode.validate(num_clients)
+    if per_round != mode.concurrency:
+        raise ConfigError(
+            f"asynchronous FL runs concurrency={mode.concurrency} clients at once; per_round "
+            f"({per_round}) must equal it (the strategy picks that many candidates per step)"
+        )
+    if system is None:
+        raise ConfigError(
+            "asynchronous FL needs device profiles for its clock: give a system model "
+            "(CLI: --system lognormal, see `fedjax-sel list`)"
+        )
+    if deadline is not None or overcommit != 1.0 or dropout != 0.0:
+        raise ConfigError(
+            "deadline, overcommit and dropout are synchronous-round settings; asynchronous "
+            f"FL takes none of them (got deadline={deadline}, overcommit={overcommit}, "
+            f"dropout={dropout})"
+        )
+    if persistent_client_state:
+        raise ConfigError("asynchronous FL does not keep persistent client optimizer state")
+    if not strategy.asynchronous or strategy.start_params is not None:
+        raise ConfigError(
+            f"strategy {strategy.name!r} cannot pick clients asynchronously; use one with "
+            "Strategy.asynchronous (uniform, power_of_choice, oort)"
+        )
 
 
 def _state_axes(states: SimState) -> SimState:
@@ -214,7 +265,9 @@ class Simulation:
       num_rounds: planned rounds (strategies with schedules read it).
       availability: who is online each round (always-on by default).
       server_tx: server optimizer (FedAvg, plain SGD with learning rate 1, by default).
-      parallel: client parallelism, ``auto``, ``vmap``, ``map`` or ``chunked:C``.
+      parallel: client parallelism: ``auto`` (measured on this round shape and cached,
+        :mod:`fedjax_sel.training.autotune`), ``vmap``, ``map`` or ``chunked:C``; a model
+        with convolutions also takes ``conv=patches|xla`` (``map:conv=xla``).
       persistent_client_state: keep each client's optimizer state (momentum) across rounds.
       chunk_size: rounds per compiled ``lax.scan`` chunk.
       eval_batch_size: batch of the evaluation passes.
@@ -222,6 +275,17 @@ class Simulation:
         training (and a padded data set's client axis) over several devices.
       n_max: the largest client any simulated data set holds (default: ``dataset``'s); larger
         when the data of several seeds run stacked (:meth:`run_rounds_batch`).
+      system: device profiles (:mod:`fedjax_sel.system`): every round gets a simulated
+        duration and the virtual clock advances; ``None``: no time (strategies that need
+        durations, e.g. Oort, get the default log-normal profile).
+      deadline: seconds after which a round stops waiting (stragglers contribute the local
+        steps they finished; needs ``system``).
+      overcommit: select ``ceil(per_round * overcommit)`` clients and keep the first
+        ``per_round`` finishers (needs ``system``); the strategy must select that many slots.
+      dropout: probability that a selected client fails and sends nothing.
+      asynchronous: run asynchronous FL instead of synchronous rounds
+        (:class:`fedjax_sel.fedbuff.FedBuff`; needs ``system``): a "round" is then one server
+        update, its ``per_round`` the concurrency.
     """
 
     def __init__(
@@ -241,6 +305,11 @@ class Simulation:
         eval_batch_size: int = 1024,
         mesh: jax.sharding.Mesh | None = None,
         n_max: int | None = None,
+        system: SystemModel | None = None,
+        deadline: float | None = None,
+        overcommit: float = 1.0,
+        dropout: float = 0.0,
+        asynchronous=None,
     ):
         local.validate()
         k = dataset.num_clients
@@ -260,6 +329,37 @@ class Simulation:
                 f"model {model.name!r} solves {model.task} but data set {dataset.name!r} is "
                 f"{dataset.task}"
             )
+        if system is None and (deadline is not None or overcommit != 1.0):
+            raise ConfigError(
+                "a deadline or over-commitment needs device profiles: give a system model "
+                "(CLI: --system lognormal, see `fedjax-sel list`)"
+            )
+        if deadline is not None and not deadline > 0:
+            raise ConfigError(f"deadline must be a positive number of seconds, got {deadline!r}")
+        if not overcommit >= 1.0:
+            raise ConfigError(f"overcommit must be >= 1, got {overcommit!r}")
+        if not 0.0 <= dropout < 1.0:
+            raise ConfigError(f"dropout must lie in [0, 1), got {dropout!r}")
+        if asynchronous is not None:
+            _check_asynchronous(
+                asynchronous,
+                k,
+                per_round,
+                strategy,
+                system,
+                deadline,
+                overcommit,
+                dropout,
+                persistent_client_state,
+            )
+        self.asynchronous = asynchronous
+        if system is None and strategy.needs_system:
+            from fedjax_sel.system import lognormal
+
+            system = lognormal()
+        self.system, self.deadline = system, deadline
+        self.overcommit, self.dropout = float(overcommit), float(dropout)
+        self.slots = overcommitted(per_round, overcommit, k)
         self.dataset, self.model, self.strategy = dataset, model, strategy
         self.local = local
         self.per_round, self.num_rounds = int(per_round), int(num_rounds)
@@ -270,6 +370,23 @@ class Simulation:
         self.eval_batch_size = int(eval_batch_size)
         self.mesh = mesh
         self.n_max = int(n_max or dataset.train.n_max)
+        self.parallel_choice = None
+        if parallel.strip().lower() == "auto":
+            from fedjax_sel.training.autotune import choose_parallel
+
+            self.parallel_choice = choose_parallel(
+                model,
+                local,
+                dataset.train,
+                self.per_round,
+                persistent_state=persistent_client_state,
+            )
+            parallel, conv = self.parallel_choice.parallel, self.parallel_choice.conv_impl
+        else:
+            parallel, conv = split_conv(parallel)
+        if conv is not None:
+            model = with_conv_impl(model, conv)
+            self.model = model
         self.trainer = make_trainer(
             model,
             local,
@@ -279,6 +396,11 @@ class Simulation:
             mesh=mesh,
         )
         self.parallel = self.trainer.mode
+        mode, chunk = self.parallel
+        self.parallel_spec = (mode if chunk is None else f"{mode}:{chunk}") + (
+            f",conv={model.conv_impl}" if model.conv_impl else ""
+        )
+        self.kbit = model_kbit(jax.eval_shape(self.model.init, jax.random.key(0)))
         self.data = self._place(SimData.of(dataset))
         self._chunk = jax.jit(self._chunk_fn, static_argnums=(2,))
         self._evaluate = jax.jit(self._evaluate_fn)
@@ -317,7 +439,7 @@ class Simulation:
             label_counts = ds.train.label_counts(ds.num_classes)
         return SimSpec(
             num_clients=ds.num_clients,
-            per_round=self.per_round,
+            per_round=self.slots,
             num_rounds=self.num_rounds,
             num_examples=ds.train.counts,
             params=params,
@@ -338,7 +460,11 @@ class Simulation:
         k = self.dataset.num_clients
         spec = self.spec(params, dataset)
         strategy_state = self.strategy.init(jax.random.fold_in(sim_key, 101), spec)
-        availability_state = self.availability.init(jax.random.fold_in(sim_key, 102), k)
+        avail_key = jax.random.fold_in(sim_key, 102)
+        if self.availability.needs_spec:
+            availability_state = self.availability.init(avail_key, k, spec)
+        else:
+            availability_state = self.availability.init(avail_key, k)
         client_states = None
         if self.persistent_client_state:
             one = client_optimizer(self.local).init(params)
@@ -353,6 +479,13 @@ class Simulation:
             client_opt_states=client_states,
             selection_counts=jnp.zeros((k,), jnp.int32),
             weight_sums=jnp.zeros((k,), jnp.float32),
+            sim_time=jnp.zeros((), jnp.float32),
+            system_state=None
+            if self.system is None
+            else self.system.init(jax.random.fold_in(sim_key, 103), k),
+            async_state=None
+            if self.asynchronous is None
+            else init_slots(params, self.asynchronous.concurrency),
         )
 
     # ----------------------------------------------------------------------------- oracle
@@ -411,27 +544,100 @@ class Simulation:
         rkey = jax.random.fold_in(state.key, state.round)
         return (jax.random.fold_in(rkey, t) for t in (_AVAIL, _SELECT, _TRAIN))
 
+    def _round_key(self, state: SimState, tag: int):
+        return jax.random.fold_in(jax.random.fold_in(state.key, state.round), tag)
+
+    def _client_durations(self, state: SimState, data: SimData):
+        """Per client this round: compute and communication seconds and full SGD steps."""
+        ms, bw = self.system.step(state.system_state, self._round_key(state, _SYSTEM))
+        samples, steps = client_work(
+            data.train.counts,
+            self.local.batch_size,
+            self.local.local_steps,
+            self.local.local_epochs,
+        )
+        compute, comm = durations(ms, bw, samples, self.kbit)
+        return compute, comm, steps
+
+    def _timing(self, state: SimState, selection: Selection, system) -> tuple:
+        """Dropouts, over-commitment and the deadline applied to the selection; the kept
+        slots' weights are rescaled to the total the strategy gave all its slots (the
+        received updates are averaged as the strategy intended)."""
+        requested = selection.mask
+        zero = jnp.zeros((), jnp.float32)
+        none = jnp.zeros((), jnp.int32)
+        k_drop = self._round_key(state, _DROPOUT)
+        if system is None:
+            if self.dropout == 0.0:
+                return selection, SlotTiming(
+                    requested, None, jnp.zeros(requested.shape), zero, none, none
+                )
+            keep = requested & (jax.random.uniform(k_drop, requested.shape) >= self.dropout)
+            timing = SlotTiming(
+                requested, None, jnp.zeros(requested.shape), zero, jnp.sum(requested & ~keep), none
+            )
+        else:
+            compute, comm, steps = system
+            c = selection.clients
+            t = round_timing(
+                requested,
+                compute[c],
+                comm[c],
+                steps[c],
+                k_drop,
+                keep_count=self.per_round,
+                deadline=self.deadline,
+                dropout=self.dropout,
+            )
+            keep = t.keep
+            limit = None if self.deadline is None else t.step_limit
+            full = jnp.where(requested, compute[c] + comm[c], 0.0)
+            timing = SlotTiming(requested, limit, full, t.duration, t.dropped, t.stragglers)
+        w = selection.weights
+        total = jnp.sum(jnp.where(requested, w, 0.0))
+        kept = jnp.sum(jnp.where(keep, w, 0.0))
+        scale = jnp.where(kept > 0, total / jnp.where(kept > 0, kept, 1.0), 0.0)
+        selection = selection._replace(mask=keep, weights=jnp.where(keep, w * scale, 0.0))
+        return selection, timing
+
     def _select_phase(self, state: SimState, data: SimData):
         k_avail, k_select, k_train = self._round_keys(state)
-        available, availability_state = self.availability.step(state.availability_state, k_avail)
+        with jax.named_scope("availability"):
+            available, availability_state = self.availability.step(
+                state.availability_state, k_avail
+            )
         truth = None
         if self.availability.true_params is not None:
             truth = self.availability.true_params(availability_state)
-        inputs = RoundInputs(state.round, available, state.params, data.train.counts, truth)
-        oracle = self.oracle(data, state.client_opt_states, k_train)
-        selection, strategy_state = self.strategy.select(
-            state.strategy_state, inputs, oracle, k_select
+        system = None
+        if self.system is not None:
+            with jax.named_scope("system"):
+                system = self._client_durations(state, data)
+        inputs = RoundInputs(
+            state.round,
+            available,
+            state.params,
+            data.train.counts,
+            truth,
+            None if system is None else system[0] + system[1],
         )
-        chex.assert_shape(selection.clients, (self.per_round,))
-        chex.assert_shape(selection.mask, (self.per_round,))
-        chex.assert_shape(selection.weights, (self.per_round,))
+        oracle = self.oracle(data, state.client_opt_states, k_train)
+        with jax.named_scope("selection"):
+            selection, strategy_state = self.strategy.select(
+                state.strategy_state, inputs, oracle, k_select
+            )
+        chex.assert_shape(selection.clients, (self.slots,))
+        chex.assert_shape(selection.mask, (self.slots,))
+        chex.assert_shape(selection.weights, (self.slots,))
         selection = selection._replace(
             clients=selection.clients.astype(jnp.int32),
             mask=selection.mask.astype(bool),
             weights=selection.weights.astype(jnp.float32),
         )
+        with jax.named_scope("system"):
+            selection, timing = self._timing(state, selection, system)
         state = state.replace(strategy_state=strategy_state, availability_state=availability_state)
-        return state, selection, available
+        return state, selection._replace(timing=timing), available
 
     def _start_params(self, state: SimState, selection: Selection):
         if self.strategy.start_params is None:
@@ -439,8 +645,15 @@ class Simulation:
         return self.strategy.start_params(state.strategy_state, selection, state.params)
 
     def _train_phase(self, state: SimState, data: SimData, selection: Selection) -> TrainResult:
-        if selection.train_result is not None:
-            return selection.train_result
+        if selection.train_result is not None:  # trained by the strategy (FilFL): kept slots only
+            r = selection.train_result
+            on = selection.mask
+            return r._replace(
+                loss=jnp.where(on, r.loss, 0.0),
+                initial_loss=jnp.where(on, r.initial_loss, 0.0),
+                loss_sq=jnp.where(on, r.loss_sq, 0.0),
+                num_steps=jnp.where(on, r.num_steps, 0),
+            )
         _, _, k_train = self._round_keys(state)
         clients = selection.clients
         states = None
@@ -448,15 +661,17 @@ class Simulation:
             states = jax.tree.map(lambda s: s[clients], state.client_opt_states)
         starts = self._start_params(state, selection)
         per_slot = starts is not None
-        return self.trainer(
-            starts if per_slot else state.params,
-            data.train,
-            clients,
-            selection.mask,
-            k_train,
-            states,
-            per_slot,
-        )
+        with jax.named_scope("local_training"):
+            return self.trainer(
+                starts if per_slot else state.params,
+                data.train,
+                clients,
+                selection.mask,
+                k_train,
+                states,
+                per_slot,
+                selection.timing.step_limit,
+            )
 
     def _aggregate_phase(
         self,
@@ -467,6 +682,7 @@ class Simulation:
         result: TrainResult,
     ):
         params = state.params
+        timing = selection.timing
         mask = selection.mask
         starts = self._start_params(state, selection)
         if starts is None:
@@ -476,10 +692,12 @@ class Simulation:
             result.params,
             starts,
         )
-        delta = weighted_delta(deltas, selection.weights, mask)
-        new_params, server_state = server_step(
-            self.server_tx, params, state.server_opt_state, delta
-        )
+        with jax.named_scope("aggregation"):
+            delta = weighted_delta(deltas, selection.weights, mask)
+        with jax.named_scope("server_step"):
+            new_params, server_state = server_step(
+                self.server_tx, params, state.server_opt_state, delta
+            )
         # A round in which nobody trained leaves the model and the server optimizer as they
         # were (momentum, Adam and weight decay would otherwise still move the model).
         trained = jnp.any(mask)
@@ -501,8 +719,11 @@ class Simulation:
             update_norm=norms,
             num_examples=jnp.where(mask, data.train.counts[selection.clients], 0),
             num_steps=result.num_steps,
+            requested=timing.requested,
+            durations=timing.durations,
         )
-        strategy_state = self.strategy.update(state.strategy_state, selection, feedback)
+        with jax.named_scope("strategy_update"):
+            strategy_state = self.strategy.update(state.strategy_state, selection, feedback)
         k = data.train.num_clients
         idx = jnp.where(mask, selection.clients, k)
         counts = state.selection_counts.at[idx].add(1, mode="drop")
@@ -530,6 +751,10 @@ class Simulation:
             update_norm=jnp.sum(jnp.where(mask, norms, 0.0)) / denom,
             finite=finite,
             diagnostics=round_diagnostics(selection.diagnostics, available, counts),
+            duration=timing.duration,
+            sim_time=state.sim_time + timing.duration,
+            dropped=timing.dropped,
+            stragglers=timing.stragglers,
         )
         state = state.replace(
             round=state.round + 1,
@@ -539,11 +764,15 @@ class Simulation:
             client_opt_states=client_states,
             selection_counts=counts,
             weight_sums=weight_sums,
+            sim_time=state.sim_time + timing.duration,
         )
         return state, log
 
     def round_fn(self, state: SimState, data: SimData) -> tuple[SimState, RoundLog]:
-        """One round (pure; trace it inside ``jit``)."""
+        """One round (pure; trace it inside ``jit``); with ``asynchronous``, one server update
+        (:func:`fedjax_sel.fedbuff.event_step`)."""
+        if self.asynchronous is not None:
+            return event_step(self, state, data)
         state, selection, available = self._select_phase(state, data)
         result = self._train_phase(state, data, selection)
         return self._aggregate_phase(state, data, selection, available, result)
@@ -575,7 +804,7 @@ class Simulation:
         while done < num_rounds:
             n = min(self.chunk_size, num_rounds - done)
             state, log = self._chunk(state, data, self.chunk_size, jnp.int32(n))
-            logs.append(jax.tree.map(lambda a, n=n: np.asarray(a)[:n], log))
+            logs.append(jax.tree.map(lambda a, n=n: a[:n], to_host(log)))
             done += n
         return state, jax.tree.map(lambda *a: np.concatenate(a), *logs)
 
@@ -631,7 +860,7 @@ class Simulation:
         while done < num_rounds:
             n = min(self.chunk_size, num_rounds - done)
             states, log = fn(states, data, jnp.int32(n))
-            logs.append(jax.tree.map(lambda a, n=n: np.asarray(a)[:, :n], log))
+            logs.append(jax.tree.map(lambda a, n=n: a[:, :n], to_host(log)))
             done += n
         return states, jax.tree.map(lambda *a: np.concatenate(a, axis=1), *logs)
 
@@ -639,7 +868,7 @@ class Simulation:
         """:meth:`evaluate` of every member of stacked ``states``."""
         shared = data is None
         out = self._batched("evaluate", 0, shared)(states, self.data if shared else data)
-        out = {k: np.asarray(v) for k, v in out.items()}
+        out = to_host(out)
         n = next(iter(out.values())).shape[0]
         return [{k: float(v[i]) for k, v in out.items()} for i in range(n)]
 
@@ -671,26 +900,32 @@ class Simulation:
             seconds["select"] += t1 - t0
             seconds["train"] += t2 - t1
             seconds["aggregate"] += t3 - t2
-            logs.append(jax.tree.map(np.asarray, log))
+            logs.append(to_host(log))
         return state, jax.tree.map(lambda *a: np.stack(a), *logs), seconds
 
     def evaluator(self, data: SimData) -> Evaluator:
         """Evaluation functions over ``data`` (for ``Strategy.metrics`` and notebooks)."""
-        model, bs = self.model, self.eval_batch_size
+        model, bs, mesh = self.model, self.eval_batch_size, self.mesh
 
         def central(params):
-            return ev.evaluate_central(model, params, data.test_x, data.test_y, bs, data.test_valid)
+            return ev.evaluate_central(
+                model, params, data.test_x, data.test_y, bs, data.test_valid, mesh
+            )
 
         def client_test(params):
-            return ev.evaluate_all_clients(model, params, data.test, bs)
+            return ev.evaluate_all_clients(model, params, data.test, bs, mesh)
 
         def client_train(params):
-            loss_k, acc_k, _ = ev.evaluate_all_clients(model, params, data.train, bs)
+            loss_k, acc_k, _ = ev.evaluate_all_clients(model, params, data.train, bs, mesh)
             return loss_k, acc_k
 
         return Evaluator(central, client_test if data.test is not None else None, client_train)
 
     def _evaluate_fn(self, params: Params, strategy_state, data: SimData) -> dict[str, Array]:
+        with jax.named_scope("evaluation"):
+            return self._evaluate_body(params, strategy_state, data)
+
+    def _evaluate_body(self, params: Params, strategy_state, data: SimData) -> dict[str, Array]:
         evaluator = self.evaluator(data)
         loss, acc = evaluator.central(params)
         out = {"test_loss": loss, "test_accuracy": acc}
@@ -709,7 +944,7 @@ class Simulation:
         each client's test loss/accuracy; and the strategy's own ``metrics`` (accuracies are
         NaN for regression)."""
         data = self.data if data is None else data
-        out = self._evaluate(state.params, state.strategy_state, data)
+        out = to_host(self._evaluate(state.params, state.strategy_state, data))
         return {k: float(v) for k, v in out.items()}
 
 

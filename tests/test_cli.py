@@ -159,12 +159,22 @@ def test_bench_throughput_writes_the_documented_keys(tmp_path):
             "2",
             "--repeats",
             "1",
+            "--system",
+            "lognormal",
+            "--async",
+            "fedbuff:buffer=4",
             "--out",
             str(out),
         ]
     )
     assert rc == 0
     row = json.loads(out.read_text())
+    # FedBuff at concurrency P = 8: each timed event step is one update of 4 arrivals
+    assert row["asynchronous"] == "fedbuff:concurrency=8,buffer=4"
+    assert row["fedbuff_client_updates_per_s"] == pytest.approx(4 / row["fedbuff_step_seconds"])
+    assert row["system_overhead"] == pytest.approx(
+        row["system_round_seconds"] / row["engine_round_seconds"] - 1
+    )
     for key in (
         "engine_client_updates_per_s",
         "loop_client_updates_per_s",
@@ -173,4 +183,82 @@ def test_bench_throughput_writes_the_documented_keys(tmp_path):
         "matmul_gflops",
     ):
         assert row[key] > 0, key
-    assert row["per_round"] == 8 and row["machine"]["backend"] == "cpu"
+    import jax
+
+    assert row["per_round"] == 8 and row["machine"]["backend"] == jax.default_backend()
+
+
+def test_bench_throughput_epochs_with_a_users_flax_model(tmp_path):
+    """FedJAX's workload (one local epoch, batch 10, LogNormal client sizes) on a user's own
+    flax module given as FILE.py:NAME; the engine's padded steps are reported."""
+    (tmp_path / "net.py").write_text(
+        "import flax.linen as nn\n\n\nclass Net(nn.Module):\n    @nn.compact\n"
+        "    def __call__(self, x):\n        x = nn.relu(nn.Conv(4, (3, 3))(x))\n"
+        "        return nn.Dense(5)(x.reshape(x.shape[0], -1))\n"
+    )
+    out = tmp_path / "t.json"
+    rc = main(
+        [
+            "bench",
+            "throughput",
+            "--model-def",
+            f"{tmp_path / 'net.py'}:Net",
+            "--input-shape",
+            "6,6,1",
+            "--classes",
+            "5",
+            "--work",
+            "epochs",
+            "--per-round",
+            "3",
+            "--mode",
+            "vmap",
+            "--repeats",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
+    assert rc == 0
+    row = json.loads(out.read_text())
+    assert row["model"] == "Net" and row["work"] == "epochs" and row["batch_size"] == 10
+    assert 100 <= row["client_sizes"][0] <= row["client_sizes"][2] <= 400
+    assert 0 <= row["padded_step_fraction"] < 1 and row["mode"].startswith("vmap,conv=")
+    assert row["engine_client_updates_per_s"] > 0 and row["loop_client_updates_per_s"] > 0
+    # the analytic FLOP count: per example 6*6*9*1*4 (conv) + 144*5 (dense) multiply-adds
+    per_step_per_example = 3 * 2 * (6 * 6 * 9 * 4 + 144 * 5)
+    steps = row["flops_per_client_update"] / (10 * per_step_per_example)
+    assert 10 <= steps <= 40  # one epoch of 100-400 examples in batches of 10
+
+
+def test_trace_is_written_and_split_by_phase(tmp_path, capsys):
+    """``run --trace`` writes a profiler trace of the second chunk with the compiled programs;
+    ``bench phases`` charges the traced device work to the round's named phases."""
+    from fedjax_sel.bench.trace_phases import PHASES, phase_seconds
+
+    trace = tmp_path / "trace"
+    rc = main(
+        [
+            "run",
+            "--clients",
+            "10",
+            "--per-round",
+            "3",
+            "--rounds",
+            "4",
+            "--eval-every",
+            "2",
+            "--out",
+            str(tmp_path / "run"),
+            "--trace",
+            str(trace),
+            "--no-progress",
+        ]
+    )
+    assert rc == 0
+    assert list(trace.glob("hlo_*.txt")) and list(trace.rglob("*.trace.json.gz"))
+    seconds = phase_seconds(trace)
+    assert set(seconds) <= {*PHASES, "other"}
+    assert seconds["local_training"] > 0 and seconds["evaluation"] > 0
+    assert main(["bench", "phases", "--trace", str(trace), "--out", str(tmp_path / "p.png")]) == 0
+    assert "local_training" in capsys.readouterr().out and (tmp_path / "p.png").exists()

@@ -1,6 +1,7 @@
 """Oort: each building block against a plain-Python transcription of the reference selector
 (``reference/algorithms.md`` section 5), explored/unexplored bookkeeping, the pacer, no
-duplicate picks, over-commitment returning the fastest K, and simulated round durations."""
+duplicate picks, stragglers of the engine's over-commitment, and simulated time under the
+shared device profiles."""
 
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ from fedjax_sel.kernels import oort as ok
 from fedjax_sel.models import make_model
 from fedjax_sel.simulation import Simulation
 from fedjax_sel.strategies import make_strategy
-from fedjax_sel.strategies.oort import overcommitted
 from fedjax_sel.training import LocalConfig
 
 K = 20
@@ -152,21 +152,13 @@ def test_preferred_duration_and_penalty():
     np.testing.assert_allclose(pen, [1.0, 1.0, 0.25])
 
 
-def test_completion_time_and_profile():
-    ms, bw = ok.device_profile(jax.random.key(0), 40000, compute_ms=100.0, bandwidth_kbps=1000.0)
-    assert abs(np.median(np.asarray(ms)) / 100.0 - 1) < 0.03
-    assert abs(np.median(np.asarray(bw)) / 1000.0 - 1) < 0.03
-    t = ok.completion_time(jnp.array([100.0]), jnp.array([1000.0]), jnp.array([600.0]), 3200.0)
-    np.testing.assert_allclose(t, [3 * 600 * 100 / 1000 + 2 * 3200 / 1000])
-    assert ok.model_kbit({"w": jnp.zeros((10, 10)), "b": jnp.zeros(10)}) == pytest.approx(3.52)
-
-
 def test_presets_follow_table_5_4():
     o, f = ok.PRESETS["original"], ok.PRESETS["fedscale"]
     assert (o.exploration_decay, o.exploration_min, o.cut_off_util) == (0.95, 0.2, 0.7)
     assert (f.exploration_decay, f.exploration_min, f.cut_off_util) == (0.98, 0.3, 0.05)
-    assert (o.clip_bound, o.round_threshold, o.overcommit) == (0.98, 10.0, 1.1)
-    assert (f.clip_bound, f.round_threshold, f.overcommit) == (0.9, 30.0, 1.3)
+    assert (o.clip_bound, o.round_threshold) == (0.98, 10.0)
+    assert (f.clip_bound, f.round_threshold) == (0.9, 30.0)
+    assert ok.PRESET_OVERCOMMIT == {"original": 1.1, "fedscale": 1.3}  # the engine applies it
     for p in (o, f):
         assert (p.exploration_factor, p.round_penalty, p.pacer_step) == (0.9, 2.0, 20)
         assert (p.pacer_delta, p.sample_window, p.blacklist_rounds) == (5.0, 5.0, -1)
@@ -199,10 +191,13 @@ def explored_state(strategy, seed, explored_fraction=0.6, per_round=4):
     ), explored
 
 
+DURATIONS = jnp.asarray(np.random.default_rng(9).lognormal(3.0, 0.8, K), jnp.float32)
+
+
 @functools.cache
 def _jitted_select(strategy):
     def select(state, available, key, round_):
-        inputs = RoundInputs(round_, available, {}, jnp.ones(K, jnp.int32))
+        inputs = RoundInputs(round_, available, {}, jnp.ones(K, jnp.int32), None, DURATIONS)
         return strategy.select(state, inputs, None, key)
 
     return jax.jit(select)
@@ -214,15 +209,11 @@ def run_select(strategy, state, available, key, round_=9):
 
 
 @pytest.mark.parametrize("preset", ["original", "fedscale"])
-def test_exploit_explore_split_and_fastest_k(preset):
-    per_round = 5
-    strategy = make_strategy(
-        "oort", per_round, preset=preset, overcommit=2.0, round_threshold=100.0
-    )
-    kp = overcommitted(per_round, 2.0, K)
-    assert kp == 10
+def test_exploit_explore_split(preset):
+    kp = 10  # the picks (the engine's over-committed slots)
+    strategy = make_strategy("oort", kp, preset=preset, round_threshold=100.0)
     for seed in range(4):
-        state, explored = explored_state(strategy, seed, per_round=per_round)
+        state, explored = explored_state(strategy, seed, per_round=kp)
         available = np.random.default_rng(100 + seed).random(K) < 0.9
         sel, new = run_select(strategy, state, available, jax.random.key(seed))
         eps = max(
@@ -237,18 +228,12 @@ def test_exploit_explore_split_and_fastest_k(preset):
         assert explore.sum() == min(n_unexplored, kp - exploit.sum())
         assert not (exploit & ~explored).any() and not (explore & explored).any()
         assert not ((exploit | explore) & ~available).any()
-        # over-commitment: the slots are the fastest of the K' picks, the rest are stragglers
         clients = np.asarray(sel.clients)[np.asarray(sel.mask)]
-        stragglers = np.flatnonzero(np.asarray(new.stragglers))
-        picks = np.concatenate([clients, stragglers])
-        assert len(set(picks.tolist())) == len(picks) == min(kp, int(available.sum()))
-        assert len(clients) == per_round
-        dur = np.asarray(new.realized)
-        assert dur[clients].max() <= dur[stragglers].min()
-        assert set(clients.tolist()) == set(
-            picks[np.argsort(dur[picks], kind="stable")][:per_round].tolist()
+        assert len(set(clients.tolist())) == len(clients) == min(kp, int(available.sum()))
+        # unexplored clients take the device profile's duration as their known duration
+        np.testing.assert_allclose(
+            np.asarray(new.duration)[~explored], np.asarray(DURATIONS)[~explored]
         )
-        assert float(new.round_duration) == pytest.approx(dur[clients].max())
 
 
 def test_no_duplicates_and_only_available_over_many_keys():
@@ -258,14 +243,14 @@ def test_no_duplicates_and_only_available_over_many_keys():
 
     @jax.jit
     def picks(key):
-        sel, new = run_select(strategy, state, available, key)
-        return sel.clients, sel.mask, new.stragglers
+        sel, _ = run_select(strategy, state, available, key)
+        return sel.clients, sel.mask
 
-    clients, mask, stragglers = jax.vmap(picks)(jax.random.split(jax.random.key(0), 300))
-    for c, m, s in zip(np.asarray(clients), np.asarray(mask), np.asarray(stragglers), strict=True):
+    clients, mask = jax.vmap(picks)(jax.random.split(jax.random.key(0), 300))
+    for c, m in zip(np.asarray(clients), np.asarray(mask), strict=True):
         chosen = c[m]
         assert len(set(chosen.tolist())) == len(chosen) == min(6, available.sum())
-        assert available[chosen].all() and not (s[chosen]).any() and available[s].all()
+        assert available[chosen].all()
 
 
 def test_single_exploit_draw_is_proportional_to_score():
@@ -273,7 +258,6 @@ def test_single_exploit_draw_is_proportional_to_score():
     strategy = make_strategy(
         "oort",
         1,
-        overcommit=1.0,
         exploration_factor=0.0,
         exploration_min=0.0,
         cut_off_util=0.0,
@@ -301,38 +285,47 @@ def test_single_exploit_draw_is_proportional_to_score():
 
 
 def test_update_bookkeeping_explored_unexplored():
-    per_round = 3
-    strategy = make_strategy("oort", per_round, overcommit=2.0, samples_per_round=15)
-    state = strategy.init(jax.random.key(0), spec(per_round))
+    """Six picks; the engine keeps three (over-commitment) and reports every pick's duration:
+    the kept ones report their utility, the others get the round's mean utility (Oort's rule
+    for stragglers), and all six take their realized durations."""
+    kp = 6
+    strategy = make_strategy("oort", kp, samples_per_round=15)
+    state = strategy.init(jax.random.key(0), spec(kp))
     n = np.arange(10, 10 + K)
     np.testing.assert_allclose(state.reward, np.minimum(n, 15))  # the size prior |B_i|
     assert not np.asarray(state.count).any()
     sel, state = run_select(strategy, state, np.ones(K, bool), jax.random.key(2), round_=4)
-    clients = np.asarray(sel.clients)
-    stragglers = np.flatnonzero(np.asarray(state.stragglers))
-    assert len(stragglers) == overcommitted(per_round, 2.0, K) - per_round
-    loss_sq = np.array([0.25, 1.0, 4.0])
+    picks = np.asarray(sel.clients)
+    kept_mask = np.array([True, False, True, False, True, False])
+    clients, stragglers = picks[kept_mask], picks[~kept_mask]
+    realized = np.linspace(5.0, 30.0, kp).astype(np.float32)
+    sel = sel._replace(mask=jnp.asarray(kept_mask))
+    loss_sq_slots = np.zeros(kp)
+    loss_sq_slots[kept_mask] = [0.25, 1.0, 4.0]
     fb = RoundFeedback(
         round=jnp.int32(4),
         available=jnp.ones(K, bool),
         params={},
         new_params={},
         deltas={},
-        train_loss=jnp.zeros(3),
-        initial_loss=jnp.zeros(3),
-        loss_sq=jnp.asarray(loss_sq),
-        update_norm=jnp.zeros(3),
-        num_examples=jnp.asarray(n[clients]),
-        num_steps=jnp.ones(3),
+        train_loss=jnp.zeros(kp),
+        initial_loss=jnp.zeros(kp),
+        loss_sq=jnp.asarray(loss_sq_slots),
+        update_norm=jnp.zeros(kp),
+        num_examples=jnp.asarray(np.where(kept_mask, n[picks], 0)),
+        num_steps=jnp.ones(kp),
+        requested=jnp.ones(kp, bool),
+        durations=jnp.asarray(realized),
     )
     new = strategy.update(state, sel, fb)
-    utility = np.minimum(n[clients], 15) * np.sqrt(loss_sq)
+    utility = np.minimum(n[clients], 15) * np.sqrt([0.25, 1.0, 4.0])
     np.testing.assert_allclose(np.asarray(new.reward)[clients], utility, rtol=1e-6)
     np.testing.assert_allclose(np.asarray(new.reward)[stragglers], utility.mean(), rtol=1e-6)
     touched = np.zeros(K, bool)
     touched[clients] = touched[stragglers] = True
     assert np.asarray(new.count).tolist() == touched.astype(int).tolist()
     assert np.asarray(new.time_stamp).tolist() == np.where(touched, 5, 0).tolist()
+    np.testing.assert_allclose(np.asarray(new.duration)[picks], realized)
     np.testing.assert_allclose(np.asarray(new.reward)[~touched], np.minimum(n, 15)[~touched])
     # the pacer history gets the mean reward of last round's exploitation picks (none yet)
     assert float(new.exploit_history[-1]) == 0.0
@@ -374,30 +367,32 @@ def test_exploration_factor_decay_floor_and_reset(preset):
 
 
 def test_oort_saves_simulated_time_against_uniform():
-    """Planted heterogeneity in device speed: Oort's rounds (fastest K of K', durations
-    penalised above the pacer's percentile) take less simulated time than uniform picks under
-    the same device profile."""
+    """Planted heterogeneity in device speed (the engine's shared log-normal profile, wide
+    spread): Oort's rounds (over-committed, durations penalised above the pacer's percentile)
+    take less simulated time than uniform picks under the same profiles; the clock is the sum
+    of the rounds' durations, each the slowest kept client's."""
+    from fedjax_sel.system import lognormal
+
     ds = load_dataset("digits", num_clients=24, partition="dirichlet:0.5", seed=0)
     model = make_model("logreg", input_shape=ds.input_shape, num_classes=10)
     local = LocalConfig(batch_size=16, lr=0.1, local_steps=2)
     times = {}
     for name in ("oort", "uniform"):
-        strategy = make_strategy(name, 4, **({"compute_sigma": 1.2} if name == "oort" else {}))
         sim = Simulation(
-            ds, model, strategy, local=local, per_round=4, num_rounds=30, chunk_size=30
+            ds,
+            model,
+            make_strategy(name, 5),
+            local=local,
+            per_round=4,
+            num_rounds=30,
+            chunk_size=30,
+            system=lognormal(sigma=1.2),
+            overcommit=1.3,
         )
         state, logs = sim.run_rounds(sim.init(seed=0), 30)
-        if name == "oort":
-            durations = np.asarray(state.strategy_state.base_duration)
-            times[name] = float(state.strategy_state.clock)
-            expected = sum(
-                durations[c[m]].max() for c, m in zip(logs.clients, logs.mask, strict=True)
-            )
-            assert times[name] == pytest.approx(expected, rel=1e-5)
-        else:
-            times[name] = sum(
-                durations[c[m]].max() for c, m in zip(logs.clients, logs.mask, strict=True)
-            )
+        times[name] = float(state.sim_time)
+        assert times[name] == pytest.approx(float(np.sum(logs.duration)), rel=1e-5)
+        assert np.all(logs.num_selected == 4)  # 5 picks, the first 4 finishers kept
     assert times["oort"] < 0.8 * times["uniform"]
 
 
@@ -405,11 +400,9 @@ def test_oort_saves_simulated_time_against_uniform():
     "kwargs, match",
     [
         (dict(preset="fast"), "preset"),
-        (dict(overcommit=0.5), "overcommit"),
         (dict(exploration_factor=1.5), "exploration_factor"),
         (dict(exploit_rule="mine"), "exploit_rule"),
         (dict(zero_exploration="maybe"), "zero_exploration"),
-        (dict(compute_ms=0.0), "compute_ms"),
         (dict(weighting="median"), "weighting"),
     ],
 )
@@ -422,3 +415,45 @@ def test_cli_style_string_arguments_are_coerced():
     strategy = make_strategy("oort", 4, preset="fedscale", cut_off_util="0.5", pacer_step="7")
     state = strategy.init(jax.random.key(0), spec())
     assert state.exploit_history.shape == (14,)
+
+
+def np_oort_explored_scores(
+    reward, time_stamp, duration, feasible, t, clip_bound, threshold, round_penalty
+):
+    """Oort's ``getTopK`` score of every explored client, transcribed from the reference code
+    (``get_norm`` over the positive rewards of feasible clients, the UCB staleness bonus, the
+    duration penalty beyond the preferred duration ``D*``)."""
+    moving = sorted(r for r, f in zip(reward, feasible, strict=True) if f and r > 0)
+    clip_value = moving[min(int(len(moving) * clip_bound), len(moving) - 1)]
+    max_r, min_r = moving[-1], moving[0] * 0.999
+    range_r = max(max_r - min_r, 1e-4)
+    ordered = sorted(duration)
+    d_pref = ordered[min(int(len(duration) * threshold / 100.0), len(duration) - 1)]
+    out = []
+    for r, ts, d in zip(reward, time_stamp, duration, strict=True):
+        sc = (min(r, clip_value) - min_r) / range_r + math.sqrt(0.1 * math.log(t) / ts)
+        if d > d_pref:
+            sc *= (d_pref / max(1e-4, d)) ** round_penalty
+        out.append(sc)
+    return np.array(out)
+
+
+def test_explored_scores_match_the_reference_transcription():
+    rng = np.random.default_rng(4)
+    k, t = 30, 17
+    reward = rng.lognormal(1.0, 1.0, k)
+    reward[[3, 8]] = 0.0  # clients without a positive reward stay out of the norm
+    time_stamp = rng.integers(1, t, k)
+    duration = rng.lognormal(3.0, 0.8, k)
+    feasible = rng.random(k) > 0.2
+    for clip_bound, threshold, penalty in ((0.95, 30.0, 2.0), (0.98, 10.0, 1.0)):
+        norm = ok.reward_norm(jnp.asarray(reward, jnp.float32), jnp.asarray(feasible), clip_bound)
+        d_pref = ok.preferred_duration(jnp.asarray(duration, jnp.float32), jnp.float32(threshold))
+        pen = ok.duration_penalty(jnp.asarray(duration, jnp.float32), d_pref, penalty)
+        got = ok.explored_scores(
+            jnp.asarray(reward, jnp.float32), jnp.asarray(time_stamp), t, norm, pen
+        )
+        want = np_oort_explored_scores(
+            reward, time_stamp, duration, feasible, t, clip_bound, threshold, penalty
+        )
+        np.testing.assert_allclose(np.asarray(got), want, rtol=2e-5, atol=1e-6)

@@ -106,6 +106,72 @@ def test_evaluate_matches_direct_computation(digits):
     assert 0 <= scores["client_test_accuracy_mean"] <= 1
 
 
+@pytest.mark.parametrize("layout", ["padded", "flat"])
+def test_per_client_test_means_match_numpy(layout):
+    """``client_test_accuracy_mean`` / ``client_test_loss_mean`` (FedCVR-Bolt's Tables 1-2 and
+    IFCA/FeSEM's metric): each client's mean over its own test examples, then the plain mean
+    over the clients that hold test data; padded rows and test-less clients do not count."""
+    from fedjax_sel.data import from_client_arrays
+    from fedjax_sel.data.datasets import FederatedDataset
+
+    rng = np.random.default_rng(0)
+    train_sizes, test_sizes = [5, 9, 4, 6], [3, 0, 7, 1]  # client 1 has no test data
+
+    def arrays(sizes):
+        xs = [rng.normal(size=(n, 6)).astype(np.float32) for n in sizes]
+        return xs, [rng.integers(0, 3, n).astype(np.int32) for n in sizes]
+
+    (txs, tys), (vxs, vys) = arrays(train_sizes), arrays(test_sizes)
+    train = from_client_arrays(txs, tys, layout=layout)
+    test = from_client_arrays(vxs, vys, layout=layout, allow_empty=True)
+    ds = FederatedDataset(
+        "planted",
+        train,
+        test,
+        jnp.asarray(np.concatenate(vxs)),
+        jnp.asarray(np.concatenate(vys)),
+        "classification",
+        3,
+        (6,),
+        "logreg",
+        {},
+    )
+    model = make_model("logreg", input_shape=(6,), num_classes=3)
+    sim = Simulation(
+        ds,
+        model,
+        make_strategy("uniform", 2),
+        local=LocalConfig(batch_size=4),
+        per_round=2,
+        num_rounds=1,
+    )
+    state = sim.init(0, params=jax.tree.map(lambda a: a + 0.3, model.init(jax.random.key(1))))
+    scores = sim.evaluate(state)
+    w = np.asarray(state.params["Dense_0"]["kernel"])
+    b = np.asarray(state.params["Dense_0"]["bias"])
+    accs, losses = [], []
+    for x, y in zip(vxs, vys, strict=True):
+        if len(y) == 0:
+            continue
+        z = x @ w + b
+        z = z - z.max(1, keepdims=True)
+        losses.append(np.mean(-(z[np.arange(len(y)), y] - np.log(np.exp(z).sum(1)))))
+        accs.append(np.mean(z.argmax(1) == y))
+    assert scores["client_test_accuracy_mean"] == pytest.approx(np.mean(accs), abs=1e-6)
+    assert scores["client_test_loss_mean"] == pytest.approx(np.mean(losses), rel=1e-5)
+    # the pooled (example-weighted) accuracy differs: the per-client mean is its own metric
+    pooled = np.mean(
+        np.concatenate(
+            [
+                (np.asarray(x @ w + b).argmax(1) == y)
+                for x, y in zip(vxs, vys, strict=True)
+                if len(y)
+            ]
+        )
+    )
+    assert scores["test_accuracy"] == pytest.approx(pooled, abs=1e-6)
+
+
 def test_fedavg_learns_digits(digits):
     sim = _sim(digits, strategy="full", per_round=12)
     state, _ = sim.run_rounds(sim.init(seed=0), 30)
@@ -186,3 +252,43 @@ def test_diverging_run_stops_cleanly_and_keeps_its_metrics(tmp_path):
     saved = json.loads((tmp_path / "summary.json").read_text())
     assert saved["diverged"] and saved["diverged_at_round"] == s["diverged_at_round"]
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == len(res.evals) >= 1
+
+
+@pytest.mark.parametrize(
+    "server, kwargs",
+    [("sgd", {"weight_decay": 0.1}), ("momentum", {}), ("adam", {"weight_decay": 0.01})],
+)
+def test_a_round_without_training_leaves_the_model_unchanged(digits, server, kwargs):
+    """Momentum, Adam and weight decay must not move the model in a round nobody trained in
+    (round 2 of this trace has no client online)."""
+    from fedjax_sel.availability.trace import trace_replay
+    from fedjax_sel.training import server_optimizer
+
+    trace = np.ones((4, 12), bool)
+    trace[2] = False
+    sim = Simulation(
+        digits,
+        make_model("logreg", input_shape=digits.input_shape, num_classes=10),
+        make_strategy("uniform", 4),
+        local=LocalConfig(batch_size=16, lr=0.1, local_steps=2),
+        per_round=4,
+        num_rounds=4,
+        availability=trace_replay(trace=trace),
+        server_tx=server_optimizer(server, 0.5, **kwargs),
+        chunk_size=1,
+    )
+    state, _ = sim.run_rounds(sim.init(0), 2)
+    before = state
+    state, log = sim.run_rounds(state, 1)
+    assert int(log.num_selected[0]) == 0
+    for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(before.params), strict=True):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(
+        jax.tree.leaves(state.server_opt_state),
+        jax.tree.leaves(before.server_opt_state),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(a, b)
+    state, log = sim.run_rounds(state, 1)  # and the next round trains again
+    assert int(log.num_selected[0]) == 4
+    assert not np.array_equal(jax.tree.leaves(state.params)[0], jax.tree.leaves(before.params)[0])

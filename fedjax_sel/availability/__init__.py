@@ -86,7 +86,7 @@ def markov_lambda_range(pi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def markov(pi: float | Array = 0.5, lam: float | Array = 0.0) -> AvailabilityModel:
-    """Two-state Markov availability per client (CA-Fed, design section 7).
+    """Two-state Markov availability per client (CA-Fed; docs/ca_fed.md, "Equations").
 
     ``P(on -> on) = lam + (1 - lam) pi`` and ``P(off -> on) = (1 - lam) pi``: the stationary
     availability is ``pi`` and the second eigenvalue (the lag-1 autocorrelation of the on/off
@@ -117,7 +117,7 @@ def markov(pi: float | Array = 0.5, lam: float | Array = 0.0) -> AvailabilityMod
 
 
 def markov_transition(on: Array, pi: Array, lam: Array) -> Array:
-    """Probability of being on next round given the current states (design section 7)."""
+    """Probability of being on next round given the current states."""
     return jnp.where(on, lam + (1 - lam) * pi, (1 - lam) * pi)
 
 

@@ -11,7 +11,7 @@ The server sees ``A_t`` every round. With ``N_k(t)`` the rounds client ``k`` was
   on->on (off->off) transitions and ``n_on`` (``n_off``) the transitions that left the on
   (off) state; the prior transition probabilities ``P11_0 = pi_0 + lambda_0 (1 - pi_0)`` and
   ``P00_0 = 1 - pi_0 + lambda_0 pi_0`` belong to the chain ``(pi_0, lambda_0)``.
-* ``reference``: the public CA-Fed code's estimator (``reference/algorithms.md`` 1.3), which
+* ``reference``: the public CA-Fed code's estimator (github.com/arodio/CA-Fed), which
   divides ``C11`` and ``C00`` by ``t + H`` instead of the number of transitions out of the
   state: it estimates joint frequencies, so ``lambda_hat -> -2 pi (1 - pi)(1 - lambda)``, biased
   toward negative values whatever the true ``lambda``. Its first round also counts an

@@ -7,7 +7,7 @@ the K clients into two equal classes, "more available" (``pi = 1/2 + g``) and "l
 (``pi = 1/2 - g``), and each class into two equal sub-classes, "correlated" (``lambda = nu``)
 and "weakly correlated" (``lambda ~ N(0, eps^2)``); ``g = 0.4``, ``nu = 0.9``, ``eps = 1e-2``.
 
-``mix="code"`` is the public code's population instead (``reference/algorithms.md`` 1.2, its
+``mix="code"`` is the public code's population instead (github.com/arodio/CA-Fed, its
 ``JOINT_PROBABILITY_MATRIX``): 50% "more available, weakly correlated", 25% "less available,
 correlated", 25% "less available, weakly correlated", and no "more available, correlated"
 client; the counts are its ``--deterministic_split`` (``floor(K p)``, leftovers one each to the

@@ -1,7 +1,7 @@
 """Time-varying availability of FilFL's experiments (Fourati et al. 2024, section 5.1): ``n`` of
 the ``N`` clients are available, a uniformly random subset redrawn every ``every`` rounds.
 
-The reference code (``reference/algorithms.md`` section 4.3) redraws every 5 rounds and also at
+FilFL's reference code (salmakh1/FilFL; docs/filfl.md) redraws every 5 rounds and also at
 each of the first 5 rounds (``warmup=5`` reproduces that). Spec: ``subset:n=100,every=5``.
 """
 

@@ -83,7 +83,9 @@ def empirical_params(trace: np.ndarray) -> AvailabilityParams:
     return AvailabilityParams(jnp.asarray(pi, jnp.float32), jnp.asarray(lam, jnp.float32))
 
 
-def trace_replay(path: str | os.PathLike | None = None, start: int = 0, *, trace=None):
+def trace_replay(
+    path: str | os.PathLike | None = None, start: int = 0, *, trace: np.ndarray | None = None
+):
     """Availability replayed from a recorded trace (a file ``path`` or an array ``trace``).
 
     Args:

@@ -1,5 +1,5 @@
 """The experiment layer: one run loop, one output writer, one cache/resume, one sweep driver
-and paired comparisons (design section 10).
+and paired comparisons (README, "Comparing strategies").
 
 * :func:`run_experiment`: one configuration to a finished run folder (``fedjax-sel run``).
 * :func:`run_sweep`: a grid of strategies x settings x seeds, seeds of one compiled program
@@ -8,8 +8,10 @@ and paired comparisons (design section 10).
   a baseline (``fedjax-sel compare``).
 """
 
+from fedjax_sel.experiment.build import build_simulation, load_data_for
 from fedjax_sel.experiment.checkpoint import load_checkpoint, read_header, save_checkpoint
 from fedjax_sel.experiment.compare import compare, load_runs
+from fedjax_sel.experiment.loop import RunResult, finished_result, program_key
 from fedjax_sel.experiment.outputs import (
     plot_curves,
     read_json,
@@ -17,16 +19,15 @@ from fedjax_sel.experiment.outputs import (
     strip_timings,
     write_json,
 )
-from fedjax_sel.experiment.run import (
-    RunResult,
-    build_simulation,
-    finished_result,
-    load_data_for,
-    program_key,
-    run_experiment,
-    run_group,
+from fedjax_sel.experiment.run import run_experiment, run_group
+from fedjax_sel.experiment.sweep import (
+    Cell,
+    Sweep,
+    expand_sweep,
+    load_sweep,
+    run_cells,
+    run_sweep,
 )
-from fedjax_sel.experiment.sweep import Cell, Sweep, load_sweep, run_cells, run_sweep
 
 __all__ = [
     "Cell",
@@ -34,6 +35,7 @@ __all__ = [
     "Sweep",
     "build_simulation",
     "compare",
+    "expand_sweep",
     "finished_result",
     "load_checkpoint",
     "load_data_for",

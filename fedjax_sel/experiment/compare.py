@@ -1,4 +1,4 @@
-"""Paired comparisons of strategies over seeds (design section 10).
+"""Paired comparisons of strategies over seeds (README, "Comparing strategies").
 
 A seed fixes the partition, the initial model, the availability trajectory and the random
 numbers every strategy draws (common random numbers), so two strategies run with the same
@@ -47,6 +47,7 @@ SUMMARY_METRICS = {
     "peak_accuracy": True,
     "stable_accuracy": True,
     "final_client_test_accuracy_mean": True,
+    "final_client_test_loss_mean": False,
     "target_accuracy": True,
     "final_test_loss": False,
     "stable_test_loss": False,
@@ -166,17 +167,19 @@ def load_runs(dirs: Iterable[str | Path]) -> list[Run]:
 
 def metric_value(run: Run, metric: str) -> float | None:
     """A metric of a run: a summary key, ``accuracy@R`` (test accuracy at the last evaluation
-    at or before round R) or ``rounds_to:A`` (first evaluated round with test accuracy >= A;
-    ``None`` when never reached)."""
+    at or before round R), ``rounds_to:A`` (first evaluated round with test accuracy >= A;
+    ``None`` when never reached) or ``time_to:A`` (the simulated seconds at that evaluation,
+    runs with a system model)."""
     if metric.startswith("accuracy@"):
         r = int(metric.split("@", 1)[1])
         before = [e for e in run.records if e["round"] <= r and e.get("test_accuracy") is not None]
         return float(before[-1]["test_accuracy"]) if before else None
-    if metric.startswith("rounds_to:"):
+    if metric.startswith("rounds_to:") or metric.startswith("time_to:"):
         target = float(metric.split(":", 1)[1])
+        key = "round" if metric.startswith("rounds_to:") else "sim_time_s"
         for e in run.records:
             if e.get("test_accuracy") is not None and e["test_accuracy"] >= target:
-                return float(e["round"])
+                return None if e.get(key) is None else float(e[key])
         return None
     v = run.summary.get(metric)
     return None if v is None or not isinstance(v, (int, float)) else float(v)
@@ -197,6 +200,7 @@ def compare(
     metrics: Sequence[str] | None = None,
     at_rounds: Sequence[int] = (),
     targets: Sequence[float] = (),
+    time_targets: Sequence[float] = (),
     out: str | Path | None = None,
     echo=print,
 ) -> list[dict[str, Any]]:
@@ -209,6 +213,8 @@ def compare(
       metrics: summary metrics (default: those of :data:`SUMMARY_METRICS` the runs have).
       at_rounds: add ``accuracy@R`` for each R.
       targets: add ``rounds_to:A`` for each accuracy A.
+      time_targets: add ``time_to:A`` (simulated seconds to accuracy A; runs with a system
+        model) for each A.
       out: folder for comparison.json/csv/md/png (nothing written when ``None``).
 
     Returns:
@@ -219,6 +225,7 @@ def compare(
         metrics = [m for m in SUMMARY_METRICS if any(metric_value(r, m) is not None for r in runs)]
     metrics = list(metrics) + [f"accuracy@{r}" for r in at_rounds]
     metrics += [f"rounds_to:{a:g}" for a in targets]
+    metrics += [f"time_to:{a:g}" for a in time_targets]
     rows: list[dict[str, Any]] = []
     settings = sorted({r.setting for r in runs})
     for setting in settings:
@@ -345,10 +352,54 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def mean_curves(runs: list[Run], metric: str = "test_accuracy"):
-    """Per label: the evaluated rounds, and the mean and 95% CI band of ``metric`` over seeds
-    at each round (rounds every seed evaluated)."""
+def _on_time_grid(runs: list[Run], metric: str, points: int = 60):
+    """The runs' curves as step functions of simulated time on a common grid, from the
+    latest first evaluation (every run has a value) to the shortest run's end:
+    ``(grid, values[runs, points], train[runs, points])``."""
+    end = min(r.records[-1]["sim_time_s"] for r in runs)
+    start = min(max(r.records[0]["sim_time_s"] for r in runs), end)
+    grid = np.linspace(start, end, points)
+    values, train = [], []
+    for r in runs:
+        times = np.array([e["sim_time_s"] for e in r.records])
+        idx = np.searchsorted(times, grid, side="right") - 1  # last evaluation at or before
+        vals = np.array([np.nan if e.get(metric) is None else e[metric] for e in r.records])
+        tl = np.array(
+            [np.nan if e.get("train_loss") is None else e["train_loss"] for e in r.records]
+        )
+        values.append(np.where(idx >= 0, vals[np.maximum(idx, 0)], np.nan))
+        train.append(np.where(idx >= 0, tl[np.maximum(idx, 0)], np.nan))
+    return grid, np.array(values), np.array(train)
+
+
+def mean_curves(runs: list[Run], metric: str = "test_accuracy", x: str = "round"):
+    """Per label: the evaluated rounds (or, with ``x="sim_time_s"``, a grid of simulated
+    seconds), and the mean and 95% CI band of ``metric`` over seeds at each point."""
     curves, bands = {}, {}
+    if x == "sim_time_s":
+        for label in sorted({r.label for r in runs}):
+            mine = [r for r in runs if r.label == label and r.records]
+            if not mine or any("sim_time_s" not in r.records[-1] for r in mine):
+                continue
+            grid, values, train = _on_time_grid(mine, metric)
+            stats = [
+                mean_ci(col[~np.isnan(col)]) if np.any(~np.isnan(col)) else (np.nan, None, None)
+                for col in values.T
+            ]
+            curves[label] = [
+                {
+                    "sim_time_s": float(t),
+                    metric: float(s[0]),
+                    "train_loss": float(np.nanmean(tl)) if np.any(~np.isnan(tl)) else None,
+                }
+                for t, s, tl in zip(grid, stats, train.T, strict=True)
+            ]
+            if len(mine) > 1:
+                bands[label] = (
+                    np.array([np.nan if s[1] is None else s[1] for s in stats]),
+                    np.array([np.nan if s[2] is None else s[2] for s in stats]),
+                )
+        return curves, bands
     for label in sorted({r.label for r in runs}):
         mine = [r for r in runs if r.label == label]
         rounds = sorted(set.intersection(*[{e["round"] for e in r.records} for r in mine]))
@@ -407,16 +458,27 @@ def write_comparison(
         group = [r for r in runs if r.setting == setting]
         classification = any(e.get("test_accuracy") is not None for r in group for e in r.records)
         metric = "test_accuracy" if classification else "test_loss"
-        curves, bands = mean_curves(group, metric)
-        name = "comparison.png" if not setting else f"comparison_{_slug(setting)}.png"
-        plot_curves(
-            curves,
-            out / name,
-            task="classification" if classification else "regression",
-            bands=bands,
-            title=f"mean over seeds, 95% CI{f' ({setting})' if setting else ''}; baseline "
-            f"{baseline_by_setting[setting]}",
+        title = (
+            f"mean over seeds, 95% CI{f' ({setting})' if setting else ''}; baseline "
+            f"{baseline_by_setting[setting]}"
         )
+        suffix = "" if not setting else f"_{_slug(setting)}"
+        timed = all(r.records and "sim_time_s" in r.records[-1] for r in group)
+        for x, name in (
+            ("round", f"comparison{suffix}.png"),
+            ("sim_time_s", f"comparison{suffix}_time.png"),
+        ):
+            if x == "sim_time_s" and not timed:
+                continue
+            curves, bands = mean_curves(group, metric, x=x)
+            plot_curves(
+                curves,
+                out / name,
+                task="classification" if classification else "regression",
+                bands=bands,
+                title=title,
+                x=x,
+            )
 
 
 def _slug(text: str) -> str:

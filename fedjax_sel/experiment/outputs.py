@@ -1,4 +1,4 @@
-"""What a run writes, and how it is read back (design section 8).
+"""What a run writes, and how it is read back (README, "Running one simulation").
 
 A run folder holds ``config.json`` (the configuration, the data set's description and the
 resolved settings), ``metrics.jsonl`` (one JSON object per evaluation, flushed as it goes),

@@ -1,5 +1,5 @@
 """Sweeps: a grid of strategies x settings x seeds, the seeds of one compiled program run
-together (design section 10).
+together (README, "Comparing strategies").
 
 A sweep file (TOML or JSON) has four parts::
 
@@ -7,6 +7,7 @@ A sweep file (TOML or JSON) has four parts::
     seeds = 5                 # or a list of seeds
     baseline = "uniform"      # the strategy ``compare`` pairs the others against
     seeds_together = "auto"   # members per vmapped batch: "auto" (by memory) or a number
+    time_targets = [0.85]     # optional, passed to compare: also metrics, at_rounds, targets
 
     [base]                    # RunConfig fields shared by every cell
     dataset = "digits"
@@ -17,6 +18,9 @@ A sweep file (TOML or JSON) has four parts::
 
     [[strategies]]            # one entry per strategy (any RunConfig fields, and a label)
     strategy = "uniform"
+
+    [override]                # optional: set in every cell, after everything else
+    rounds = 2                # (the CLI's --set rounds=2)
 
     [[strategies]]
     label = "poc"
@@ -64,6 +68,11 @@ class Sweep:
     baseline: str | None = None
     seeds_together: int | str = "auto"
     source: dict[str, Any] = dataclasses.field(default_factory=dict)
+    compare_options: dict[str, list] = dataclasses.field(default_factory=dict)
+
+
+# [sweep] keys passed on to compare(): extra metrics of the comparison
+COMPARE_OPTIONS = ("metrics", "at_rounds", "targets", "time_targets")
 
 
 def _setting_name(point: Mapping[str, Any]) -> str:
@@ -76,16 +85,18 @@ def _slug(text: str) -> str:
 
 def expand_sweep(spec: Mapping[str, Any], out: str | Path) -> Sweep:
     """The cells of a sweep specification (the mapping of a sweep file)."""
-    unknown = set(spec) - {"sweep", "base", "grid", "strategies"}
+    unknown = set(spec) - {"sweep", "base", "grid", "strategies", "override"}
     if unknown:
         raise ConfigError(
-            f"sweep: unknown section(s) {sorted(unknown)}; use sweep, base, grid, strategies"
+            f"sweep: unknown section(s) {sorted(unknown)}; use sweep, base, grid, strategies "
+            "(and override)"
         )
+    override = dict(spec.get("override", {}))
     options = dict(spec.get("sweep", {}))
     base = dict(spec.get("base", {}))
     grid = dict(spec.get("grid", {}))
     strategies = list(spec.get("strategies") or [{}])
-    bad = set(options) - {"seeds", "baseline", "seeds_together"}
+    bad = set(options) - {"seeds", "baseline", "seeds_together", *COMPARE_OPTIONS}
     if bad:
         raise ConfigError(f"sweep: unknown [sweep] option(s) {sorted(bad)}")
     seeds = options.get("seeds", 5)
@@ -120,6 +131,7 @@ def expand_sweep(spec: Mapping[str, Any], out: str | Path) -> Sweep:
         setting = _setting_name(point)
         for label, entry in zip(labels, strategies, strict=True):
             fields = {**base, **point, **{k: v for k, v in entry.items() if k != "label"}}
+            fields.update(override)
             for seed in seeds:
                 config = RunConfig.from_dict(
                     {**fields, "seed": seed, "label": label}, source="sweep"
@@ -128,7 +140,11 @@ def expand_sweep(spec: Mapping[str, Any], out: str | Path) -> Sweep:
                 cells.append(Cell(config, where, label, setting))
     for c in cells:
         c.config.resolve()
-    return Sweep(cells, baseline, together, dict(spec))
+    compare_options = {k: options[k] for k in COMPARE_OPTIONS if k in options}
+    for key, values in compare_options.items():
+        if not isinstance(values, list):
+            raise ConfigError(f"sweep: [sweep] {key} must be a list, got {values!r}")
+    return Sweep(cells, baseline, together, dict(spec), compare_options)
 
 
 def load_sweep(path: str | Path, out: str | Path) -> Sweep:
@@ -187,7 +203,7 @@ def run_cells(
 
 
 def run_sweep(
-    sweep: Sweep | str | Path,
+    sweep: Sweep | Mapping[str, Any] | str | Path,
     out: str | Path,
     *,
     seeds_together: int | str | None = None,
@@ -195,12 +211,14 @@ def run_sweep(
     echo: Callable = print,
     compare_results: bool = True,
 ) -> list[dict[str, Any]]:
-    """Runs a sweep (a :class:`Sweep` or a sweep file) into ``out`` and compares its
+    """Runs a sweep (a :class:`Sweep`, a sweep file or its mapping) into ``out`` and compares its
     strategies; returns the comparison rows (``out/comparison.json``)."""
     from fedjax_sel.experiment.compare import compare
 
     out = Path(out)
-    if not isinstance(sweep, Sweep):
+    if isinstance(sweep, Mapping):
+        sweep = expand_sweep(sweep, out)
+    elif not isinstance(sweep, Sweep):
         sweep = load_sweep(sweep, out)
     out.mkdir(parents=True, exist_ok=True)
     write_json(
@@ -223,4 +241,5 @@ def run_sweep(
         baseline=sweep.baseline or sweep.cells[0].label,
         out=out,
         echo=echo,
+        **sweep.compare_options,
     )

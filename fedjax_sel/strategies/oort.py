@@ -1,6 +1,6 @@
 """Oort: guided participant selection (Lai, Zhu, Madhyastha, Chowdhury et al., OSDI 2021),
 the training selector of ``oort/oort.py`` in ``SymbioticLab/Oort`` and FedScale
-(``reference/algorithms.md`` section 5).
+(github.com/SymbioticLab/FedScale; docs/hetero_select.md, "Oort", lists their differences).
 
 Each client is an arm with a reward, its statistical utility ``U_i = |B_i| sqrt(mean loss^2)``
 (``|B_i| = min(n_i, samples_per_round)``, the squared per-example losses averaged over the
@@ -14,16 +14,16 @@ count. Every round (1-based ``t``), over the available clients:
 3. the exploration factor decays, ``eps <- max(eps * decay, eps_min)``, and
    ``exploitLen ~ K' (1 - eps)`` explored clients are sampled proportionally to score among the
    cut-off-utility prefix of the ranking;
-4. the rest of the ``K' = floor(K overcommit)`` picks explore: unexplored clients drawn
-   proportionally to their size prior (with the same duration penalty) among the top
-   ``sample_window`` times as many; any shortfall is filled uniformly at random;
-5. over-commitment: of the ``K'`` picks, the ``K = per_round`` fastest are trained and
-   aggregated (uniform mean); the stragglers get the round's mean utility (they count as
-   explored).
+4. the rest of the picks explore: unexplored clients drawn proportionally to their size prior
+   (with the same duration penalty) among the top ``sample_window`` times as many; any
+   shortfall is filled uniformly at random;
+5. over-commitment (the engine's, for every strategy: ``--overcommit``; the original artifact
+   used 1.1, FedScale 1.3): of the picks, the first ``per_round`` finishers are aggregated
+   (uniform mean); the stragglers get the round's mean utility (they count as explored).
 
-Durations come from a per-client speed profile drawn from the strategy's key
-(:func:`fedjax_sel.kernels.oort.device_profile`), so the system utility and the pacer matter;
-the simulated wall clock is reported as the metric ``oort_clock_seconds``.
+Durations come from the simulation's shared device profiles (:mod:`fedjax_sel.system`,
+``RoundInputs.durations``; the default log-normal profile when none is given), so the system
+utility and the pacer matter, and the round's simulated time is the engine's clock.
 
 Presets ``original`` (the OSDI artifact) and ``fedscale`` set every default of table 5.4 and
 the small rule differences (exploitation length rounding, FedScale's 10x candidate floor, the
@@ -54,8 +54,8 @@ class OortState(NamedTuple):
 
     Attributes:
       reward: statistical utility (the size prior ``|B_i|`` until explored).
-      duration: last known round duration of the client (seconds).
-      base_duration: the device profile's duration (fixed).
+      duration: last known round duration of the client (seconds; the device profile's
+        expectation until it reports).
       time_stamp: 1-based round of the last feedback (0 before any).
       count: feedbacks received (completed rounds plus straggler rounds).
       epsilon: exploration factor.
@@ -63,15 +63,10 @@ class OortState(NamedTuple):
       round_threshold: the pacer's T (percent).
       exploit_history: float32[2W] exploitation utility of the last 2W rounds, oldest first.
       last_exploit, last_explore: bool[K], the last round's exploitation/exploration picks.
-      stragglers: bool[K], picks of the last round dropped by over-commitment.
-      realized: float32[K], durations realised in the last round.
-      clock: simulated wall-clock seconds so far (sum of round durations).
-      round_duration: the last round's duration (its K-th fastest pick).
     """
 
     reward: Array
     duration: Array
-    base_duration: Array
     time_stamp: Array
     count: Array
     epsilon: Array
@@ -80,15 +75,6 @@ class OortState(NamedTuple):
     exploit_history: Array
     last_exploit: Array
     last_explore: Array
-    stragglers: Array
-    realized: Array
-    clock: Array
-    round_duration: Array
-
-
-def overcommitted(per_round: int, overcommit: float, num_clients: int) -> int:
-    """``K' = int(K overcommit)``, at least ``per_round`` and at most the number of clients."""
-    return max(per_round, min(int(per_round * overcommit + ok._FLOOR_TOL), num_clients))
 
 
 def _as_bool(name: str, value) -> bool:
@@ -130,7 +116,6 @@ def resolve_hyper(preset: str, overrides: dict) -> ok.OortHyper:
         (h.pacer_step >= 1, "pacer_step must be >= 1"),
         (h.pacer_delta >= 0, "pacer_delta must be >= 0"),
         (h.sample_window >= 1, "sample_window must be >= 1"),
-        (h.overcommit >= 1, "overcommit must be >= 1"),
         (h.blacklist_rounds >= -1, "blacklist_rounds must be -1 (off) or >= 0"),
         (0 <= h.blacklist_max_len <= 1, "blacklist_max_len must lie in [0, 1]"),
         (h.exploit_rule in EXPLOIT_RULES, f"exploit_rule must be one of {EXPLOIT_RULES}"),
@@ -162,7 +147,6 @@ def oort(
     pacer_step: int | None = None,
     pacer_delta: float | None = None,
     sample_window: float | None = None,
-    overcommit: float | None = None,
     blacklist_rounds: int | None = None,
     blacklist_max_len: float | None = None,
     exploit_rule: str | None = None,
@@ -171,18 +155,13 @@ def oort(
     warmup_rounds: int = 1,
     fill_random: bool = True,
     samples_per_round: int = 0,
-    compute_ms: float = 150.0,
-    compute_sigma: float = 0.8,
-    bandwidth_kbps: float = 2200.0,
-    bandwidth_sigma: float = 0.8,
-    duration_noise: float = 0.0,
     weighting: str = "uniform",
 ) -> Strategy:
     """Oort's training selector.
 
     Args:
-      per_round: K, clients trained and aggregated per round.
-      preset: ``original`` or ``fedscale`` (``reference/algorithms.md`` table 5.4); every
+      per_round: the picks per round (the engine keeps the first finishers of them).
+      preset: ``original`` or ``fedscale`` (table in docs/hetero_select.md, "Oort"); every
         ``None`` argument below takes the preset's value.
       exploration_factor, exploration_decay, exploration_min: eps, its decay and floor.
       cut_off_util: exploitation candidates score at least this times the exploitLen-th score.
@@ -190,7 +169,6 @@ def oort(
       round_threshold: the pacer's initial T (percentile of durations); round_penalty: alpha.
       pacer_step, pacer_delta: W and Delta of the pacer.
       sample_window: exploration draws among the top ``sample_window * exploreLen`` by size.
-      overcommit: ``K' = int(K overcommit)`` picks, the K fastest train.
       blacklist_rounds, blacklist_max_len: exclude clients picked more than that many times
         (-1: off), at most that fraction of clients.
       exploit_rule, candidate_floor, zero_exploration: the preset's rule variants (see
@@ -198,11 +176,8 @@ def oort(
       warmup_rounds: first rounds drawn uniformly (both codes' first round is not Oort's).
       fill_random: fill a shortfall of picks uniformly among the other available clients (the
         original; FedScale returns fewer).
-      samples_per_round: ``|B_i| = min(n_i, samples_per_round)`` and the computation time's
-        sample count (local_steps * batch_size in both codes); 0: ``n_i`` (one epoch).
-      compute_ms, compute_sigma, bandwidth_kbps, bandwidth_sigma: log-normal device profile
-        (medians and log-scale spreads).
-      duration_noise: log-normal round-to-round jitter of each client's duration (0: none).
+      samples_per_round: the size prior ``|B_i| = min(n_i, samples_per_round)`` of unexplored
+        clients (local_steps * batch_size in both codes); 0: ``n_i`` (one epoch).
       weighting: ``uniform`` (the codes' mean of the K updates) or ``size``.
     """
     h = resolve_hyper(
@@ -218,7 +193,6 @@ def oort(
             pacer_step=pacer_step,
             pacer_delta=pacer_delta,
             sample_window=sample_window,
-            overcommit=overcommit,
             blacklist_rounds=blacklist_rounds,
             blacklist_max_len=blacklist_max_len,
             exploit_rule=exploit_rule,
@@ -232,16 +206,6 @@ def oort(
             f"oort warmup_rounds and samples_per_round must be >= 0, got {warmup_rounds} and "
             f"{samples_per_round}"
         )
-    for name, v in (("compute_ms", compute_ms), ("bandwidth_kbps", bandwidth_kbps)):
-        if not v > 0:
-            raise ConfigError(f"oort {name} must be > 0, got {v}")
-    for name, v in (
-        ("compute_sigma", compute_sigma),
-        ("bandwidth_sigma", bandwidth_sigma),
-        ("duration_noise", duration_noise),
-    ):
-        if not v >= 0:
-            raise ConfigError(f"oort {name} must be >= 0, got {v}")
     check_weighting(weighting)
     window = int(h.pacer_step)
 
@@ -250,23 +214,13 @@ def oort(
         return jnp.minimum(n, samples_per_round) if samples_per_round > 0 else n
 
     def init(key, spec):
+        del key
         k = spec.num_clients
-        ms, bw = ok.device_profile(
-            key,
-            k,
-            compute_ms=compute_ms,
-            compute_sigma=compute_sigma,
-            bandwidth_kbps=bandwidth_kbps,
-            bandwidth_sigma=bandwidth_sigma,
-        )
         n = jnp.asarray(spec.num_examples).astype(jnp.float32)
-        work = jnp.full((k,), float(samples_per_round)) if samples_per_round > 0 else n
-        durations = ok.completion_time(ms, bw, work, ok.model_kbit(spec.params))
         none = jnp.zeros((k,), bool)
         return OortState(
             reward=batch_sizes(n),
-            duration=durations,
-            base_duration=durations,
+            duration=jnp.zeros((k,), jnp.float32),
             time_stamp=jnp.zeros((k,), jnp.int32),
             count=jnp.zeros((k,), jnp.int32),
             epsilon=jnp.float32(h.exploration_factor),
@@ -275,20 +229,20 @@ def oort(
             exploit_history=jnp.zeros((2 * window,), jnp.float32),
             last_exploit=none,
             last_explore=none,
-            stragglers=none,
-            realized=durations,
-            clock=jnp.float32(0.0),
-            round_duration=jnp.float32(0.0),
         )
 
     def select(state, inputs, oracle, key):
         del oracle
         k = state.reward.shape[0]
-        kp = overcommitted(per_round, h.overcommit, k)
+        kp = per_round
         slots = jnp.arange(kp)
         t = inputs.round + 1
         available = inputs.available
-        k_exploit, k_explore, k_fill, k_warm, k_noise = jax.random.split(key, 5)
+        k_exploit, k_explore, k_fill, k_warm = jax.random.split(key, 4)
+        # durations known to the server: the last reported, the device profile's before that
+        state = state._replace(
+            duration=jnp.where(state.count > 0, state.duration, inputs.durations)
+        )
 
         black = (
             ok.blacklist(state.count, h.blacklist_rounds, h.blacklist_max_len)
@@ -361,25 +315,24 @@ def oort(
         def keep(new, old):  # warm-up rounds leave the selector's scalars alone
             return jnp.where(warm, old, new)
 
-        realized = state.base_duration
-        if duration_noise > 0:
-            realized = realized * jnp.exp(duration_noise * jax.random.normal(k_noise, (k,)))
-        clients, mask = ok.fastest(picks, picks_ok, realized, per_round)
-        round_duration = jnp.max(jnp.where(mask, realized[clients], 0.0))
-        stragglers = as_mask(picks, picks_ok) & ~as_mask(clients, mask)
+        clients, mask = picks, picks_ok
         state = state._replace(
             epsilon=keep(eps, state.epsilon),
             epsilon_min=keep(eps_min, state.epsilon_min),
             round_threshold=keep(threshold, state.round_threshold),
             last_exploit=exploit_mask & ~warm,
             last_explore=explore_mask & ~warm,
-            stragglers=stragglers,
-            realized=realized,
-            clock=state.clock + round_duration,
-            round_duration=round_duration,
         )
         weights = fedavg_weights(inputs.num_examples, clients, mask, weighting)
-        return Selection(clients, mask, weights), state
+        diagnostics = {
+            "exploration": state.epsilon,
+            "exploit_picks": jnp.sum(state.last_exploit),
+            "explore_picks": jnp.sum(state.last_explore),
+            "round_threshold": state.round_threshold,
+            "preferred_duration": d_pref,
+            "explored_fraction": jnp.mean(state.count > 0),
+        }
+        return Selection(clients, mask, weights, diagnostics=diagnostics), state
 
     def update(state, selection, feedback):
         k = state.reward.shape[0]
@@ -390,14 +343,19 @@ def oort(
         reported = jnp.zeros((k,), jnp.float32).at[idx].set(utility, mode="drop")
         n_done = jnp.sum(selection.mask)
         mean_utility = jnp.sum(jnp.where(selection.mask, utility, 0.0)) / jnp.maximum(n_done, 1)
-        stragglers = state.stragglers & (n_done > 0)
+        # picks the engine did not keep (over-committed out, dropped, cut by the deadline)
+        late = feedback.requested & ~selection.mask
+        late_idx = jnp.where(late, selection.clients, k)
+        stragglers = jnp.zeros((k,), bool).at[late_idx].set(True, mode="drop") & (n_done > 0)
+        slot_idx = jnp.where(feedback.requested, selection.clients, k)
+        realized = state.duration.at[slot_idx].set(feedback.durations, mode="drop")
         reward = jnp.where(done, reported, jnp.where(stragglers, mean_utility, state.reward))
         touched = done | stragglers
         n_exploit = jnp.sum(state.last_exploit)
         exploit_utility = jnp.sum(jnp.where(state.last_exploit, reward, 0.0)) / (n_exploit + 1e-4)
         return state._replace(
             reward=reward,
-            duration=jnp.where(touched, state.realized, state.duration),
+            duration=jnp.where(touched, realized, state.duration),
             time_stamp=jnp.where(touched, t, state.time_stamp),
             count=state.count + touched.astype(jnp.int32),
             exploit_history=ok.push_history(state.exploit_history, exploit_utility),
@@ -406,10 +364,9 @@ def oort(
     def metrics(state, params, evaluator):
         del params, evaluator
         return {
-            "oort_clock_seconds": state.clock,
             "oort_round_threshold": state.round_threshold,
             "oort_exploration": state.epsilon,
             "oort_explored_fraction": jnp.mean(state.count > 0),
         }
 
-    return Strategy(init, select, update, metrics=metrics)
+    return Strategy(init, select, update, metrics=metrics, needs_system=True, asynchronous=True)

@@ -1,5 +1,5 @@
-"""Power-of-Choice (Cho, Wang and Joshi, AISTATS 2022): sample d candidates, keep the m with
-the highest local loss (``reference/algorithms.md`` section 6)."""
+"""Power-of-Choice (Cho, Wang and Joshi, AISTATS 2022, arXiv:2010.01243): sample d candidates,
+keep the m with the highest local loss."""
 
 from __future__ import annotations
 
@@ -80,10 +80,19 @@ def power_of_choice(
         else:
             loss = state.last_loss[cand]
         loss = jnp.where(cand_ok, loss, -jnp.inf)
-        _, order = jax.lax.top_k(loss, per_round)
+        top, order = jax.lax.top_k(loss, per_round)
         clients, mask = cand[order], cand_ok[order]
         weights = fedavg_weights(inputs.num_examples, clients, mask, weighting)
-        return Selection(clients, mask, weights), state
+        finite = cand_ok & jnp.isfinite(loss)
+        kept = mask & jnp.isfinite(top)
+        diagnostics = {  # how far the loss filter moves away from the size-biased candidates
+            "candidate_loss_mean": jnp.sum(jnp.where(finite, loss, 0.0))
+            / jnp.maximum(jnp.sum(finite), 1),
+            "selected_loss_mean": jnp.sum(jnp.where(kept, top, 0.0))
+            / jnp.maximum(jnp.sum(kept), 1),
+            "candidates": jnp.sum(cand_ok),
+        }
+        return Selection(clients, mask, weights, diagnostics=diagnostics), state
 
     def update(state, selection, feedback):
         if variant != "rpow":
@@ -91,4 +100,4 @@ def power_of_choice(
         idx = jnp.where(selection.mask, selection.clients, state.last_loss.shape[0])
         return PowerOfChoiceState(state.last_loss.at[idx].set(feedback.train_loss, mode="drop"))
 
-    return Strategy(init, select, update)
+    return Strategy(init, select, update, asynchronous=True)

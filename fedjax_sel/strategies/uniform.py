@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import jax.numpy as jnp
+
 from fedjax_sel.base import Selection, Strategy, init_empty_state, update_identity
 from fedjax_sel.kernels import uniform_without_replacement
 from fedjax_sel.strategies._common import check_weighting, fedavg_weights
@@ -26,6 +28,7 @@ def uniform(*, per_round: int, weighting: str = "size") -> Strategy:
         del oracle
         clients, mask = uniform_without_replacement(key, inputs.available, per_round)
         weights = fedavg_weights(inputs.num_examples, clients, mask, weighting)
-        return Selection(clients, mask, weights), state
+        law = inputs.available / jnp.maximum(jnp.sum(inputs.available), 1)
+        return Selection(clients, mask, weights, diagnostics={"law": law}), state
 
-    return Strategy(init_empty_state, select, update_identity)
+    return Strategy(init_empty_state, select, update_identity, asynchronous=True)

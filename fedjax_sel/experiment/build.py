@@ -1,0 +1,92 @@
+"""From a :class:`~fedjax_sel.config.RunConfig` to the objects a run needs: its data set,
+model, local-training settings and :class:`~fedjax_sel.simulation.Simulation`."""
+
+from __future__ import annotations
+
+from fedjax_sel import availability as availability_lib
+from fedjax_sel import system as system_lib
+from fedjax_sel.config import RunConfig
+from fedjax_sel.data.datasets import FederatedDataset, load_dataset
+from fedjax_sel.fedbuff import from_spec as async_from_spec
+from fedjax_sel.models import Model, make_model
+from fedjax_sel.simulation import Simulation, default_mesh
+from fedjax_sel.strategies import make_strategy
+from fedjax_sel.training.local import LocalConfig
+from fedjax_sel.training.server import server_optimizer
+
+
+def load_data_for(config: RunConfig) -> FederatedDataset:
+    """The data set of ``config`` (partitioned with its data seed)."""
+    return load_dataset(
+        config.dataset,
+        num_clients=config.num_clients,
+        partition=config.partition,
+        seed=config.seed if config.data_seed is None else config.data_seed,
+        data_path=config.data_path,
+        test_fraction=config.test_fraction,
+        layout=config.layout,
+        server_fraction=config.server_fraction,
+        **config.dataset_args,
+    )
+
+
+def local_config(config: RunConfig) -> LocalConfig:
+    return LocalConfig(
+        batch_size=config.batch_size,
+        lr=float(config.lr),
+        local_steps=config.local_steps,
+        local_epochs=config.local_epochs,
+        momentum=config.momentum,
+        weight_decay=config.weight_decay,
+        prox_mu=config.prox_mu,
+    )
+
+
+def model_for(config: RunConfig, dataset: FederatedDataset) -> Model:
+    return make_model(
+        config.model or dataset.default_model,
+        input_shape=dataset.input_shape,
+        num_classes=dataset.num_classes,
+        **config.model_args,
+    )
+
+
+def build_simulation(
+    config: RunConfig,
+    dataset: FederatedDataset | None = None,
+    *,
+    model: Model | None = None,
+    n_max: int | None = None,
+) -> Simulation:
+    """The :class:`Simulation` of ``config`` (loading the data unless given; ``model``
+    replaces the configured one, e.g. a user's own flax model)."""
+    config.resolve()
+    dataset = dataset if dataset is not None else load_data_for(config)
+    slots = system_lib.overcommitted(config.per_round, config.overcommit, dataset.num_clients)
+    return Simulation(
+        dataset,
+        model if model is not None else model_for(config, dataset),
+        make_strategy(config.strategy, slots, **config.strategy_args),
+        local=local_config(config),
+        per_round=config.per_round,
+        num_rounds=config.rounds,
+        availability=availability_lib.from_spec(config.availability),
+        server_tx=server_optimizer(
+            config.server,
+            config.server_lr,
+            momentum=config.server_momentum,
+            weight_decay=config.server_weight_decay,
+        ),
+        parallel=config.parallel,
+        persistent_client_state=config.persistent_client_state,
+        chunk_size=config.eval_every,
+        mesh=default_mesh(),
+        n_max=n_max,
+        system=None if config.system is None else system_lib.from_spec(config.system),
+        deadline=config.deadline,
+        overcommit=config.overcommit,
+        dropout=config.dropout,
+        asynchronous=None
+        if config.asynchronous is None
+        else async_from_spec(config.asynchronous, config.per_round),
+    )

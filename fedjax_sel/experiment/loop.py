@@ -1,0 +1,385 @@
+"""The one run loop shared by every kind of run (global-model simulations, seeds vmapped
+together, the personalized mode): chunks of rounds, evaluation records written as they come,
+checkpoints, divergence, summaries, and the cache of finished run folders.
+
+An :class:`Engine` advances its members (seeds) in lockstep; :func:`drive` writes each
+member's folder (:mod:`.outputs`): ``config.json``, ``metrics.jsonl`` flushed per evaluation,
+``summary.json`` and ``curves.png`` at the end, and every ``checkpoint_every`` chunks a
+checkpoint of the member's state (:mod:`.checkpoint`) from which :func:`restore_member`
+continues bit for bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+import jax
+import numpy as np
+
+from fedjax_sel import metrics as metrics_lib
+from fedjax_sel.base import ConfigError
+from fedjax_sel.config import RunConfig
+from fedjax_sel.data.datasets import FederatedDataset
+from fedjax_sel.distributed import is_primary, to_host
+from fedjax_sel.experiment import checkpoint as ckpt
+from fedjax_sel.experiment.outputs import (
+    CHECKPOINT,
+    CONFIG,
+    CURVES,
+    METRICS,
+    SUMMARY,
+    dumps,
+    plot_curves,
+    read_json,
+    read_metrics,
+    write_json,
+)
+from fedjax_sel.simulation import RoundLog
+
+
+class Engine(Protocol):
+    """What the run loop drives: ``n`` members (seeds) advancing in lockstep."""
+
+    task: str
+
+    def advance(self, n: int) -> tuple[list[dict], dict[str, float]]:
+        """Runs ``n`` rounds; per member the chunk's record fields (``train_loss``,
+        ``selected`` ... and ``_client_updates``, ``_bad_round``), and phase seconds."""
+
+    def evaluate(self) -> list[dict[str, float]]:
+        """Per member, the evaluation's scalars."""
+
+    def member_state(self, i: int) -> Any:
+        """Member ``i``'s state (what a checkpoint holds)."""
+
+    def summary(self, i: int, records: list[dict[str, Any]]) -> dict[str, Any]:
+        """Member ``i``'s engine-specific summary fields (``records``: its evaluations)."""
+
+    def describe(self) -> dict[str, Any]:
+        """The resolved settings for ``config.json``."""
+
+
+# diagnostics that are running totals: a chunk reports its last round's value (the others: the
+# mean over the chunk's rounds)
+LAST_VALUE_DIAGNOSTICS = frozenset({"never_picked", "model_version"})
+
+
+def chunk_fields(logs: RoundLog, index: int | None = None, timed: bool = False) -> dict[str, Any]:
+    """Record fields of one member's round logs (``index`` into a stacked batch); ``timed``:
+    the simulation has a system model (the virtual clock and each round's duration)."""
+    if index is not None:
+        logs = jax.tree.map(lambda a: a[index], logs)
+    timing = {}
+    if timed:
+        timing = {
+            "sim_time_s": float(logs.sim_time[-1]),
+            "round_seconds": np.asarray(logs.duration, np.float64).tolist(),
+            "dropped": int(np.sum(logs.dropped)),
+            "stragglers": int(np.sum(logs.stragglers)),
+        }
+    bad = (~logs.finite) | ((logs.num_selected > 0) & ~np.isfinite(logs.train_loss))
+    finite = np.isfinite(logs.train_loss)
+    diagnostics = {
+        k: (np.asarray(v)[-1] if k in LAST_VALUE_DIAGNOSTICS else np.mean(v, axis=0)).tolist()
+        for k, v in logs.diagnostics.items()
+    }
+    return {
+        "diagnostics": diagnostics,
+        "train_loss": float(np.mean(logs.train_loss[finite])) if np.any(finite) else None,
+        "num_available_mean": float(np.mean(logs.num_available)),
+        "num_selected_mean": float(np.mean(logs.num_selected)),
+        "selected": [row[m].tolist() for row, m in zip(logs.clients, logs.mask, strict=True)],
+        **timing,
+        "_client_updates": int(np.sum(logs.num_selected)),
+        "_bad_round": int(logs.round[np.argmax(bad)]) if np.any(bad) else None,
+    }
+
+
+# ----------------------------------------------------------------------------- members
+@dataclasses.dataclass
+class RunResult:
+    """A finished run: its configuration, evaluation records and summary (``state`` and
+    ``simulation`` when it ran in this process, ``None`` when read from a finished folder)."""
+
+    config: RunConfig
+    evals: list[dict[str, Any]]
+    summary: dict[str, Any]
+    state: Any = None
+    simulation: Any = None
+    out_dir: Path | None = None
+    extras: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class Member:
+    config: RunConfig
+    out: Path | None
+    records: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    done: int = 0
+    client_updates: int = 0
+    train_seconds: float = 0.0
+    chunks: list[list[float]] = dataclasses.field(default_factory=list)
+    diverged: dict[str, Any] | None = None
+    start: float = dataclasses.field(default_factory=time.perf_counter)
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    readonly: bool = False  # reads its folder (resume) but writes nothing: not process 0
+
+    @property
+    def writes(self) -> bool:
+        return self.out is not None and not self.readonly
+
+    @property
+    def running(self) -> bool:
+        return self.diverged is None and self.done < self.config.rounds
+
+    def bookkeeping(self) -> dict[str, Any]:
+        return {
+            "round": self.done,
+            "records": len(self.records),
+            "client_updates": self.client_updates,
+            "train_seconds": self.train_seconds,
+            "chunks": self.chunks,
+        }
+
+
+def finished_result(config: RunConfig, out: Path) -> RunResult | None:
+    """The stored result of ``out`` when it holds a finished run of exactly ``config``
+    (every setting that can change the results equal), else ``None``."""
+    if not (out / SUMMARY).exists() or not (out / CONFIG).exists():
+        return None
+    try:
+        stored = RunConfig.from_dict(read_json(out / CONFIG)["config"]).resolve()
+    except (ConfigError, KeyError, TypeError):
+        return None
+    if stored.results_key() != config.results_key():
+        return None
+    return RunResult(config, read_metrics(out / METRICS), read_json(out / SUMMARY), out_dir=out)
+
+
+def write_config(member: Member, dataset: FederatedDataset, engine_info: dict) -> None:
+    if not member.writes:
+        return
+    member.out.mkdir(parents=True, exist_ok=True)
+    engine_info = dict(engine_info)
+    config = {**member.config.to_dict(), **engine_info.pop("resolved_config", {})}
+    write_json(
+        member.out / CONFIG,
+        {
+            "config": config,
+            "dataset": {"name": dataset.name, "num_clients": dataset.num_clients, **dataset.info},
+            **engine_info,
+            **member.info,
+            "backend": jax.default_backend(),
+            "devices": [str(d) for d in jax.devices()],
+            "jax_version": jax.__version__,
+        },
+    )
+
+
+def restore_member(member: Member, template: Any, echo: Callable) -> Any | None:
+    """Loads ``member``'s checkpoint (state, bookkeeping; ``metrics.jsonl`` cut back to the
+    checkpoint's records) or returns ``None`` when there is none."""
+    if member.out is None or not (member.out / CHECKPOINT).exists():
+        return None
+    state, header = ckpt.load_checkpoint(
+        member.out / CHECKPOINT, template, results_key=member.config.results_key()
+    )
+    member.records = read_metrics(member.out / METRICS, header["records"])
+    if len(member.records) != header["records"]:
+        raise ConfigError(
+            f"{member.out / METRICS} holds {len(member.records)} complete records but the "
+            f"checkpoint expects {header['records']}"
+        )
+    member.done = header["round"]
+    member.client_updates = header["client_updates"]
+    member.train_seconds = header["train_seconds"]
+    member.chunks = header["chunks"]
+    if member.writes:
+        (member.out / METRICS).write_text("".join(dumps(r) + "\n" for r in member.records))
+    echo(f"resuming {member.out} at round {member.done}")
+    return state
+
+
+def _summary(member: Member, engine: Engine, i: int) -> dict[str, Any]:
+    config, evals = member.config, member.records
+    steady = member.chunks[1:] or member.chunks
+    seconds = sum(c[2] for c in steady)
+    summary: dict[str, Any] = {
+        "strategy": config.strategy,
+        "label": config.display_name,
+        "dataset": config.dataset,
+        "seed": config.seed,
+        "rounds_completed": member.done,
+        **(
+            metrics_lib.accuracy_summary([e.get("test_accuracy") for e in evals])
+            if engine.task == "classification"
+            else {}
+        ),
+        **metrics_lib.loss_summary([e.get("test_loss") for e in evals]),
+        **{
+            f"final_{key}": evals[-1][key]
+            for key in ("client_test_accuracy_mean", "client_test_loss_mean")
+            if evals and evals[-1].get(key) is not None
+        },
+        **engine.summary(i, evals),
+        **targets_summary(evals, config.accuracy_targets),
+        "wall_seconds": time.perf_counter() - member.start,
+        "train_seconds": member.train_seconds,
+        "rounds_per_second": sum(c[0] for c in steady) / seconds if seconds > 0 else None,
+        "client_updates_per_second": sum(c[1] for c in steady) / seconds if seconds > 0 else None,
+        "first_chunk_seconds": member.chunks[0][2] if member.chunks else None,
+        "diverged": member.diverged is not None,
+    }
+    if member.diverged is not None:
+        summary["diverged_at_round"] = member.diverged["round"]
+        summary["message"] = member.diverged["message"]
+    return summary
+
+
+def targets_summary(evals: list[dict[str, Any]], targets) -> dict[str, Any]:
+    """For each target accuracy, the first evaluated round and (with a virtual clock) the
+    simulated seconds at which the test accuracy reached it (``None``: never)."""
+    out: dict[str, Any] = {}
+    if evals and "sim_time_s" in evals[-1]:
+        out["sim_time_s"] = evals[-1]["sim_time_s"]
+    if not targets:
+        return out
+    rounds, seconds = {}, {}
+    for a in targets:
+        hit = next((e for e in evals if (e.get("test_accuracy") or -1.0) >= a), None)
+        rounds[f"{a:g}"] = None if hit is None else hit["round"]
+        seconds[f"{a:g}"] = None if hit is None else hit.get("sim_time_s")
+    out["rounds_to_accuracy"] = rounds
+    if evals and "sim_time_s" in evals[-1]:
+        out["time_to_accuracy_s"] = seconds
+    return out
+
+
+def _finish(member: Member, engine: Engine, i: int, echo: Callable) -> RunResult:
+    summary = _summary(member, engine, i)
+    if member.diverged is not None:
+        echo(member.diverged["message"])
+    if member.writes:
+        write_json(member.out / SUMMARY, summary)
+        if member.records:
+            curves = {member.config.display_name: member.records}
+            plot_curves(curves, member.out / CURVES, task=engine.task)
+            if "sim_time_s" in member.records[-1]:
+                plot_curves(
+                    curves, member.out / "curves_time.png", task=engine.task, x="sim_time_s"
+                )
+        (member.out / CHECKPOINT).unlink(missing_ok=True)
+    return RunResult(
+        member.config, member.records, summary, engine.member_state(i), None, member.out
+    )
+
+
+def drive(
+    engine: Engine,
+    members: list[Member],
+    *,
+    bar: Any = None,
+    echo: Callable = print,
+    trace_dir: str | Path | None = None,
+) -> list[RunResult]:
+    """The loop: chunks of ``eval_every`` rounds, evaluation, records, checkpoints, divergence
+    (a member whose loss or parameters turn non-finite stops, keeping what it wrote).
+
+    ``trace_dir``: a ``jax.profiler`` trace of the second chunk (the first compiles) and its
+    evaluation, with a named scope per phase of the round, for Perfetto or TensorBoard.
+    """
+    config = members[0].config
+    files = [(m.out / METRICS).open("a") if m.writes else None for m in members]
+    results: list[RunResult | None] = [None] * len(members)
+    chunk_index = 0
+    tracing = False
+    try:
+        while any(m.running for m in members):
+            done = members[0].done
+            n = min(config.eval_every, config.rounds - done)
+            if trace_dir is not None and chunk_index == 1:
+                jax.profiler.start_trace(str(trace_dir))
+                tracing = True
+            fields, phases = engine.advance(n)
+            t1 = time.perf_counter()
+            scores = engine.evaluate()
+            phases = dict(phases, eval=time.perf_counter() - t1)
+            if tracing:
+                jax.profiler.stop_trace()
+                tracing = False
+                for text in getattr(engine, "compiled_texts", lambda: [])():
+                    module = text.split(",", 1)[0].split()[-1]
+                    if is_primary():
+                        (Path(trace_dir) / f"hlo_{module}.txt").write_text(text)
+                echo(f"profiler trace of rounds {done + 1}-{done + n} written under {trace_dir}")
+            share = sum(phases.get(k, 0.0) for k in ("rounds", "select", "train", "aggregate"))
+            share /= len(members)
+            chunk_index += 1
+            for i, m in enumerate(members):
+                if not m.running:
+                    continue
+                f = fields[i]
+                m.done = done + n
+                m.client_updates += f["_client_updates"]
+                m.train_seconds += share
+                m.chunks.append([n, f["_client_updates"], share])
+                record = {"round": m.done, **scores[i]}
+                record.update({k: v for k, v in f.items() if not k.startswith("_")})
+                record["seconds"] = phases
+                m.records.append(record)
+                if files[i] is not None:
+                    files[i].write(dumps(record) + "\n")
+                    files[i].flush()
+                loss = scores[i].get("test_loss")
+                if f["_bad_round"] is not None or loss is None or not math.isfinite(loss):
+                    first = f["_bad_round"] if f["_bad_round"] is not None else m.done - 1
+                    m.diverged = {
+                        "round": first,
+                        "message": (
+                            f"run {m.config.display_name} (seed {m.config.seed}) diverged at "
+                            f"round {first}: non-finite training loss or parameters "
+                            f"(lr={m.config.lr}, server_lr={m.config.server_lr}); stopped, "
+                            f"metrics up to round {m.done} are kept"
+                        ),
+                    }
+                if not m.running:
+                    if files[i] is not None:
+                        files[i].close()
+                        files[i] = None
+                    results[i] = _finish(m, engine, i, echo)
+                elif (
+                    m.out is not None
+                    and m.config.checkpoint_every > 0
+                    and chunk_index % m.config.checkpoint_every == 0
+                ):
+                    state = to_host(engine.member_state(i))  # every process: a collective
+                    if m.writes:
+                        ckpt.save_checkpoint(
+                            m.out / CHECKPOINT,
+                            state,
+                            {"results_key": m.config.results_key(), **m.bookkeeping()},
+                        )
+            if bar is not None:
+                bar.update(n * len(members))
+                acc = [s.get("test_accuracy") for s in scores]
+                acc = [a for a in acc if a is not None and math.isfinite(a)]
+                if acc:
+                    bar.set_postfix(acc=f"{np.mean(acc):.4f}")
+    finally:
+        if tracing:
+            jax.profiler.stop_trace()
+        for f in files:
+            if f is not None:
+                f.close()
+    return [r for r in results if r is not None]
+
+
+def program_key(config: RunConfig) -> str:
+    """Configurations with the same key share one compiled program: they differ only in the
+    seed (and the data seed that follows it) and in settings that do not change results."""
+    return config.replace(seed=0, data_seed=None, label=None).results_key()

@@ -1,0 +1,157 @@
+"""Paired comparisons (``fedjax-sel compare``) against scipy.stats on planted run folders whose
+true differences are known, and the reproduction verdict rules."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from fedjax_sel.cli import main
+from fedjax_sel.experiment import compare
+from fedjax_sel.experiment.compare import bootstrap_ci, mean_ci, paired_stats
+from fedjax_sel.experiment.outputs import write_json
+from fedjax_sel.reproduce.common import seeds_to_settle, verdict
+
+SEEDS = 8
+
+
+def _write_run(folder, label, seed, finals, curve, setting=""):
+    folder.mkdir(parents=True)
+    config = {"strategy": label.split("-")[0], "seed": seed, "label": label}
+    write_json(
+        folder / "config.json", {"config": config, "sweep": {"label": label, "setting": setting}}
+    )
+    records = [{"round": r, "test_accuracy": a, "train_loss": 1.0 / r} for r, a in curve]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    write_json(folder / "summary.json", {"label": label, "seed": seed, **finals})
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    """Three strategies over 8 seeds: a seed effect shared by all (common random numbers),
+    ``better`` = base + 0.05 + small noise, ``same`` = base + noise of mean 0."""
+    root = tmp_path_factory.mktemp("runs")
+    rng = np.random.default_rng(0)
+    seed_effect = rng.normal(0.0, 0.05, SEEDS)
+    values = {
+        "base": 0.7 + seed_effect,
+        "better": 0.75 + seed_effect + rng.normal(0, 0.005, SEEDS),
+        "same": 0.7 + seed_effect + rng.normal(0, 0.005, SEEDS),
+    }
+    for label, v in values.items():
+        for s in range(SEEDS):
+            curve = [(10, 0.4 + 0.1 * s / SEEDS), (20, v[s] - 0.1), (30, v[s])]
+            _write_run(
+                root / label / f"seed{s}",
+                label,
+                s,
+                {"final_accuracy": v[s], "final_test_loss": 1 - v[s]},
+                curve,
+            )
+    return root, values
+
+
+def test_means_and_paired_differences_match_scipy(planted, tmp_path):
+    root, values = planted
+    rows = compare(
+        [root],
+        baseline="base",
+        metrics=["final_accuracy", "final_test_loss"],
+        out=tmp_path,
+        echo=None,
+    )
+    by = {(r["strategy"], r["metric"]): r for r in rows}
+    for label in ("base", "better", "same"):
+        r = by[(label, "final_accuracy")]
+        lo, hi = stats.t.interval(
+            0.95, SEEDS - 1, loc=np.mean(values[label]), scale=stats.sem(values[label])
+        )
+        assert r["mean"] == pytest.approx(np.mean(values[label]))
+        assert (r["ci_low"], r["ci_high"]) == pytest.approx((lo, hi))
+        assert r["seeds"] == SEEDS
+    base = by[("base", "final_accuracy")]
+    assert base["diff"] is None and base["diff_ci_low"] is None and base["win_rate"] is None
+    for label in ("better", "same"):
+        r = by[(label, "final_accuracy")]
+        d = values[label] - values["base"]
+        lo, hi = stats.t.interval(0.95, SEEDS - 1, loc=d.mean(), scale=stats.sem(d))
+        assert r["diff"] == pytest.approx(d.mean())
+        assert (r["diff_ci_low"], r["diff_ci_high"]) == pytest.approx((lo, hi))
+        assert r["p_value"] == pytest.approx(stats.ttest_rel(values[label], values["base"]).pvalue)
+        assert r["diff_boot_ci_low"] <= d.mean() <= r["diff_boot_ci_high"]
+    better = by[("better", "final_accuracy")]
+    assert better["diff_ci_low"] > 0.04 and better["diff_ci_high"] < 0.06  # planted +0.05
+    assert better["win_rate"] == 1.0
+    # pairing removes the shared seed effect: the unpaired intervals overlap, the paired one
+    # excludes 0
+    assert by[("base", "final_accuracy")]["ci_high"] > better["ci_low"]
+    same = by[("same", "final_accuracy")]
+    assert same["diff_ci_low"] < 0 < same["diff_ci_high"]
+    # lower is better for a loss: the win rate counts lower values as wins
+    assert by[("better", "final_test_loss")]["win_rate"] == 1.0
+    assert not by[("better", "final_test_loss")]["higher_is_better"]
+    # the files
+    written = json.loads((tmp_path / "comparison.json").read_text())
+    keys = "strategy metric seeds mean ci_low ci_high diff diff_ci_low diff_ci_high win_rate"
+    assert all(set(keys.split()) <= set(r) for r in written)
+    assert (tmp_path / "comparison.csv").read_text().startswith("strategy,")
+    assert "| better | 8 |" in (tmp_path / "comparison.md").read_text()
+    assert (tmp_path / "comparison.png").stat().st_size > 10_000
+
+
+def test_curve_metrics_and_rounds_to_target(planted):
+    root, values = planted
+    rows = compare([root], baseline="base", metrics=[], at_rounds=[20], targets=[0.75], echo=None)
+    by = {(r["strategy"], r["metric"]): r for r in rows}
+    assert by[("better", "accuracy@20")]["mean"] == pytest.approx(np.mean(values["better"]) - 0.1)
+    reached = [s for s in range(SEEDS) if values["better"][s] >= 0.75]
+    r = by[("better", "rounds_to:0.75")]
+    assert r["seeds"] == len(reached) and r["runs"] == SEEDS
+    assert not r["higher_is_better"]
+
+
+def test_bootstrap_interval_and_small_samples():
+    d = np.array([0.1, 0.2, 0.15, 0.12, 0.18])
+    lo, hi = bootstrap_ci(d)
+    means = np.random.default_rng(0).choice(d, (10_000, d.size)).mean(1)
+    assert lo == pytest.approx(np.quantile(means, 0.025), abs=0.01)
+    assert hi == pytest.approx(np.quantile(means, 0.975), abs=0.01)
+    assert mean_ci([0.3]) == (0.3, None, None)  # one seed: no interval
+    assert paired_stats([1.0, 2.0], [1.0, 2.0])["p_value"] == 1.0  # identical pairs
+
+
+def test_cli_compare_and_missing_baseline(planted, tmp_path, capsys):
+    root, _ = planted
+    assert main(["compare", str(root), "--baseline", "base", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "comparison.json").exists()
+    assert main(["compare", str(root), "--baseline", "nope"]) == 2
+    assert "baseline 'nope' not found" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "lo, hi, claimed, want",
+    [
+        (0.5, 2.0, 1.0, "reproduced"),  # excludes 0 on the claimed side
+        (0.1, 0.4, 1.0, "reproduced"),  # ... also when it lies below the claimed size
+        (-0.5, 0.4, 1.0, "not_reproduced"),  # excludes the claim, not above 0
+        (-3.0, -1.0, 1.0, "not_reproduced"),  # the opposite direction
+        (-0.5, 1.5, 1.0, "inconclusive"),  # contains both 0 and the claim
+        (-2.0, -0.5, -1.0, "reproduced"),  # a claimed decrease
+        (-0.5, 0.5, -1.0, "not_reproduced"),
+        (None, None, 1.0, "inconclusive"),  # one seed
+    ],
+)
+def test_verdict_rules(lo, hi, claimed, want):
+    assert verdict(lo, hi, claimed) == want
+
+
+def test_seeds_to_settle_is_where_the_interval_would_exclude_0_or_the_claim():
+    d = np.array([0.2, -0.1, 0.5, 0.1, 0.3])
+    n = seeds_to_settle(d, claimed=2.0)
+    m, sd = d.mean(), d.std(ddof=1)
+    gap = max(abs(m), abs(2.0 - m))
+    half = lambda k: stats.t.ppf(0.975, k - 1) * sd / np.sqrt(k)  # noqa: E731
+    assert half(n) < gap and (n == d.size or half(n - 1) >= gap)

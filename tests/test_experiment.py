@@ -1,0 +1,278 @@
+"""The experiment layer: seeds vmapped together equal separate runs, a sweep reruns
+bit-identically and never recomputes a finished cell, ``config.json`` reruns a run exactly, a
+run killed with SIGKILL resumes to bit-identical files, and bad checkpoints are named."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedjax_sel.base import ConfigError
+from fedjax_sel.cli import main
+from fedjax_sel.config import RunConfig
+from fedjax_sel.experiment import (
+    load_checkpoint,
+    read_metrics,
+    run_experiment,
+    run_group,
+    run_sweep,
+    save_checkpoint,
+    strip_timings,
+)
+from fedjax_sel.experiment.build import build_simulation
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def small(**kw) -> RunConfig:
+    base = dict(
+        dataset="digits",
+        num_clients=10,
+        per_round=3,
+        rounds=6,
+        eval_every=2,
+        local_steps=3,
+        batch_size=16,
+        lr=0.1,
+    )
+    return RunConfig(**{**base, **kw})
+
+
+def files_without_timings(folder: Path):
+    records = [strip_timings(r) for r in read_metrics(folder / "metrics.jsonl")]
+    summary = strip_timings(json.loads((folder / "summary.json").read_text()))
+    return records, summary
+
+
+@pytest.mark.parametrize("data_seed", [0, None])  # shared data / one partition per seed
+def test_seeds_together_equal_separate_runs(tmp_path, data_seed):
+    """Uniform selection does not depend on float results: each vmapped seed picks exactly the
+    clients its own run picks; the metrics agree to float tolerance."""
+    configs = [
+        small(seed=s, data_seed=data_seed, local_epochs=1, local_steps=None) for s in range(3)
+    ]
+    together = run_group(configs, [tmp_path / f"t{s}" for s in range(3)], seeds_together=3)
+    for s, r in enumerate(together):
+        alone = run_experiment(configs[s], tmp_path / f"a{s}", progress=False)
+        assert [e["selected"] for e in r.evals] == [e["selected"] for e in alone.evals]
+        for a, b in zip(r.evals, alone.evals, strict=True):
+            for key in ("test_accuracy", "test_loss", "train_loss"):
+                assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-6), key
+        assert r.summary["selection_counts"] == alone.summary["selection_counts"]
+        np.testing.assert_allclose(
+            r.summary["weight_sums"], alone.summary["weight_sums"], rtol=1e-6
+        )
+
+
+def test_weight_sums_and_law_diagnostics(tmp_path):
+    r = run_experiment(small(availability="bernoulli:p=0.6"), tmp_path, progress=False)
+    counts = np.zeros(10)
+    for e in r.evals:
+        for picks in e["selected"]:
+            counts[picks] += 1
+    assert r.summary["selection_counts"] == counts.tolist()
+    # FedAvg size weights sum to one per round: the weight sums add up to the rounds
+    assert sum(r.summary["weight_sums"]) == pytest.approx(6.0, rel=1e-5)
+    diag = r.evals[-1]["diagnostics"]
+    assert diag["law_entropy_ratio"] == pytest.approx(1.0, abs=1e-6)  # uniform law
+    assert diag["law_max_over_uniform"] == pytest.approx(1.0, abs=1e-5)
+    assert diag["never_picked"] == int(np.sum(counts == 0))
+
+
+def test_config_json_reruns_the_run_exactly(tmp_path, capsys):
+    args = [
+        "run",
+        "--strategy",
+        "power_of_choice",
+        "--strategy-arg",
+        "d=6",
+        "--clients",
+        "10",
+        "--per-round",
+        "3",
+        "--rounds",
+        "4",
+        "--eval-every",
+        "2",
+        "--no-progress",
+    ]
+    assert main([*args, "--out", str(tmp_path / "x")]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--config",
+                str(tmp_path / "x" / "config.json"),
+                "--out",
+                str(tmp_path / "y"),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    assert files_without_timings(tmp_path / "x") == files_without_timings(tmp_path / "y")
+    # a flag overrides the file
+    assert (
+        main(
+            [
+                "run",
+                "--config",
+                str(tmp_path / "x" / "config.json"),
+                "--rounds",
+                "2",
+                "--out",
+                str(tmp_path / "z"),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    assert json.loads((tmp_path / "z" / "summary.json").read_text())["rounds_completed"] == 2
+    capsys.readouterr()
+
+
+def test_toml_config_and_exclusive_override(tmp_path):
+    (tmp_path / "c.toml").write_text(
+        'strategy = "uniform"\nnum_clients = 10\nper_round = 2\nrounds = 2\neval_every = 2\n'
+        "local_steps = 4\n[model_args]\nhidden = [8]\n"
+    )
+    assert (
+        main(
+            [
+                "run",
+                "--config",
+                str(tmp_path / "c.toml"),
+                "--local-epochs",
+                "1",
+                "--out",
+                str(tmp_path / "o"),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    stored = json.loads((tmp_path / "o" / "config.json").read_text())["config"]
+    assert stored["local_epochs"] == 1 and stored["local_steps"] is None  # the flag won
+    assert stored["model_args"] == {"hidden": [8]}
+    (tmp_path / "bad.toml").write_text("rounds = [1\n")
+    assert main(["run", "--config", str(tmp_path / "bad.toml")]) == 2
+    (tmp_path / "unknown.toml").write_text("roundz = 3\n")
+    assert main(["run", "--config", str(tmp_path / "unknown.toml")]) == 2
+
+
+def test_sweep_reruns_bit_identically_and_reuses_finished_cells(tmp_path, capsys):
+    sweep = tmp_path / "s.toml"
+    sweep.write_text(
+        '[sweep]\nseeds = 2\nbaseline = "uniform"\n[base]\nnum_clients = 10\nper_round = 3\n'
+        "rounds = 4\neval_every = 2\nlocal_steps = 3\nbatch_size = 16\nlr = 0.1\n"
+        '[[strategies]]\nstrategy = "uniform"\n[[strategies]]\nstrategy = "full"\n'
+        "per_round = 10\n"
+    )
+    rows = run_sweep(sweep, tmp_path / "a", progress=False, echo=lambda *a: None)
+    assert {r["strategy"] for r in rows} == {"uniform", "full"}
+    run_sweep(sweep, tmp_path / "b", progress=False, echo=lambda *a: None)
+    cells = sorted(
+        p.parent.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("summary.json")
+    )
+    assert len(cells) == 4
+    for c in cells:
+        assert files_without_timings(tmp_path / "a" / c) == files_without_timings(
+            tmp_path / "b" / c
+        )
+        info = json.loads((tmp_path / "a" / c / "config.json").read_text())
+        assert info["sweep"]["label"] in ("uniform", "full")
+    before = {c: (tmp_path / "a" / c / "summary.json").stat().st_mtime_ns for c in cells}
+    messages = []
+    run_sweep(sweep, tmp_path / "a", progress=False, echo=messages.append)
+    assert "4 of 4 cells already finished; reusing them" in messages
+    assert before == {c: (tmp_path / "a" / c / "summary.json").stat().st_mtime_ns for c in cells}
+    assert json.loads((tmp_path / "a" / "comparison.json").read_text())
+
+
+def test_run_killed_with_sigkill_resumes_bit_identically(tmp_path):
+    """A real run in a subprocess, killed with SIGKILL after its first checkpoints, resumes
+    with ``--resume`` to the files of an uninterrupted run (timings aside), no metrics line
+    lost or duplicated."""
+    args = "--clients 10 --per-round 3 --rounds 400 --eval-every 2 --local-steps 10 "
+    args = (args + "--batch-size 8 --checkpoint-every 3 --no-progress").split()
+    cmd = [sys.executable, "-m", "fedjax_sel", "run", *args]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(
+        [*cmd, "--out", str(killed)],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if (killed / "checkpoint.npz").exists() and len(read_metrics(killed / "metrics.jsonl")) > 9:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (killed / "summary.json").exists()
+    assert main(["run", "--resume", str(killed), "--no-progress"]) == 0
+    assert main(["run", *args, "--out", str(tmp_path / "whole")]) == 0
+    a, b = files_without_timings(killed), files_without_timings(tmp_path / "whole")
+    assert [r["round"] for r in a[0]] == list(range(2, 401, 2))
+    assert a == b
+    assert not (killed / "checkpoint.npz").exists()  # removed once the run finished
+
+
+def test_bad_checkpoints_are_named(tmp_path):
+    config = small().resolve()
+    sim = build_simulation(config)
+    state = sim.init(0)
+    path = save_checkpoint(
+        tmp_path / "c.npz", state, {"results_key": config.results_key(), "round": 0}
+    )
+    restored, header = load_checkpoint(path, state, results_key=config.results_key())
+    assert header["round"] == 0
+    for a, b in zip(jax_leaves(restored), jax_leaves(state), strict=True):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ConfigError, match="written by another configuration"):
+        load_checkpoint(path, state, results_key="other")
+    (tmp_path / "bad.npz").write_bytes(path.read_bytes()[:200])
+    with pytest.raises(ConfigError, match="bad.npz.*corrupt"):
+        load_checkpoint(tmp_path / "bad.npz", state, results_key=config.results_key())
+    other = build_simulation(small(num_clients=12).resolve()).init(0)
+    with pytest.raises(ConfigError, match="expects"):
+        load_checkpoint(path, other, results_key=config.results_key())
+
+
+def jax_leaves(state):
+    import jax
+
+    return [
+        np.asarray(jax.random.key_data(x))
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+        else np.asarray(x)
+        for x in jax.tree.leaves(state)
+    ]
+
+
+def test_sweep_override_sets_every_cell_after_the_strategies(tmp_path):
+    from fedjax_sel.experiment.sweep import expand_sweep
+
+    spec = {
+        "sweep": {"seeds": 2, "time_targets": [0.8]},
+        "base": {"dataset": "digits", "rounds": 40},
+        "strategies": [{"strategy": "uniform"}, {"strategy": "full", "rounds": 90}],
+        "override": {"rounds": "2"},
+    }
+    sweep = expand_sweep(spec, tmp_path)
+    assert [c.config.rounds for c in sweep.cells] == [2, 2, 2, 2]
+    assert sweep.compare_options == {"time_targets": [0.8]}
+    with pytest.raises(ConfigError, match="unknown \\[sweep\\] option"):
+        expand_sweep({**spec, "sweep": {"seed": 3}}, tmp_path)
