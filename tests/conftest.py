@@ -43,6 +43,11 @@ def data_dir() -> Path:
 
 
 @pytest.fixture(autouse=True)
-def _data_dir_env(monkeypatch):
-    """Tests see the data-dir variable (loaders read it) pointing at the resolved folder."""
+def _data_dir_env(monkeypatch, tmp_path_factory):
+    """Tests see the data-dir variable (loaders read it) pointing at the resolved folder. The
+    measured ``--parallel auto`` choice is switched off (the rule decides; measuring compiles
+    every candidate) except where a test switches it on, and its cache goes to a temporary
+    folder, never the user's."""
     monkeypatch.setenv("FEDJAX_SEL_DATA_DIR", str(data_dir_path()))
+    monkeypatch.setenv("FEDJAX_SEL_AUTOTUNE", "0")
+    monkeypatch.setenv("FEDJAX_SEL_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))

@@ -52,17 +52,6 @@ def matmul_gflops(n: int = 2048, repeats: int = 5) -> float:
     return 2 * n**3 / t["min_seconds"] / 1e9
 
 
-def flops_of(fn: Callable, *args) -> float:
-    """XLA's FLOP count of ``jit(fn)(*args)`` (0 where the backend does not report it)."""
-    try:
-        cost = jax.jit(fn).lower(*args).compile().cost_analysis()
-    except Exception:  # noqa: BLE001 - cost analysis is best effort
-        return 0.0
-    if isinstance(cost, (list, tuple)):
-        cost = cost[0] if cost else {}
-    return float((cost or {}).get("flops", 0.0))
-
-
 def write_json_rows(path: str | os.PathLike | None, payload) -> None:
     if path is None:
         return

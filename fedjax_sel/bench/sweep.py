@@ -17,7 +17,7 @@ import jax
 from fedjax_sel.base import ConfigError
 from fedjax_sel.bench.common import machine_info, print_table, write_json_rows
 from fedjax_sel.config import RunConfig
-from fedjax_sel.experiment.run import build_simulation, load_data_for
+from fedjax_sel.experiment.build import build_simulation, load_data_for
 
 WORKLOADS = {
     "logreg": dict(dataset="leaf_synthetic", num_clients=1000, per_round=100, batch_size=32),

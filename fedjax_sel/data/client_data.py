@@ -1,4 +1,4 @@
-"""Stacked on-device storage of all clients' examples (design section 3).
+"""Stacked on-device storage of all clients' examples (docs/data.md, "Layouts").
 
 Two layouts behind one interface:
 
@@ -176,8 +176,9 @@ def from_parts(
         xp, yp = x[order], y[order]
         offsets = np.concatenate([[0], np.cumsum(counts)[:-1]])
     return ClientData(
-        x=jnp.asarray(xp),
-        y=jnp.asarray(yp),
+        # device_put copies once (jnp.asarray can stage a second copy of a large array)
+        x=jax.device_put(xp),
+        y=jax.device_put(yp),
         counts=jnp.asarray(counts, jnp.int32),
         offsets=jnp.asarray(offsets, jnp.int32),
         layout=layout,

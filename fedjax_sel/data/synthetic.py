@@ -1,13 +1,13 @@
 """Synthetic federated data sets, generated in JAX from a key (no files, no network).
 
 * :func:`leaf_synthetic`: Synthetic(alpha, beta) of FedProx / LEAF (Li et al. 2020), the recipe
-  of ``litian96/FedProx data/synthetic_1_1/generate_synthetic.py`` (``reference/algorithms.md``
-  1.4).
+  of ``litian96/FedProx data/synthetic_1_1/generate_synthetic.py``.
 * :func:`clustered_regression`: the clustered linear regression of FedCVR-Bolt (appendix C.3).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -76,27 +76,45 @@ def leaf_synthetic(
         )
         b = jnp.broadcast_to(jax.random.normal(ks[4], (num_classes,)), (num_clients, num_classes))
     else:
-        v = big_b[:, None] + jax.random.normal(ks[5], (num_clients, dim))
-        w = u[:, None, None] + jax.random.normal(ks[6], (num_clients, dim, num_classes))
-        b = u[:, None] + jax.random.normal(ks[7], (num_clients, num_classes))
+        v = _shifted_normal(ks[5], big_b, (num_clients, dim))
+        w = _shifted_normal(ks[6], u, (num_clients, dim, num_classes))
+        b = _shifted_normal(ks[7], u, (num_clients, num_classes))
     client = np.repeat(np.arange(num_clients, dtype=np.int32), sizes)
     sd = jnp.power(jnp.arange(1, dim + 1, dtype=jnp.float32), -0.6)  # sqrt of (j+1)^-1.2
-
-    @jax.jit
-    def make_rows(rkey, c):
-        x = v[c] + sd * jax.random.normal(rkey, (c.shape[0], dim))
-        logits = jnp.einsum("rd,rdc->rc", x, w[c]) + b[c]
-        return x, jnp.argmax(logits, axis=-1).astype(jnp.int32)
-
-    xs, ys = [], []
+    # rows are made in fixed-size chunks by one compiled function that takes the client
+    # parameters as arguments (closing over them would bake K x dim x C constants into the
+    # program), written into preallocated host arrays
     n = len(client)
-    for i, start in enumerate(range(0, n, chunk_rows)):
-        c = client[start : start + chunk_rows]
-        pad = chunk_rows - len(c) if n > chunk_rows else 0
-        x, y = make_rows(jax.random.fold_in(ks[8], i), jnp.asarray(np.pad(c, (0, pad))))
-        xs.append(np.asarray(x)[: len(c)])
-        ys.append(np.asarray(y)[: len(c)])
-    return np.concatenate(xs).astype(np.float32), np.concatenate(ys), client
+    x_out = np.empty((n, dim), np.float32)
+    y_out = np.empty((n,), np.int32)
+    rows = min(chunk_rows, max(n, 1))
+    for i, start in enumerate(range(0, n, rows)):
+        c = client[start : start + rows]
+        x, y = _leaf_rows(
+            jax.random.fold_in(ks[8], i), jnp.asarray(np.pad(c, (0, rows - len(c)))), v, w, b, sd
+        )
+        x_out[start : start + len(c)] = np.asarray(x)[: len(c)]
+        y_out[start : start + len(c)] = np.asarray(y)[: len(c)]
+    return x_out, y_out, client
+
+
+def _shifted_normal(key, shift, shape):
+    """``shift_k + N(0, 1)`` of the given shape, ``shift`` broadcast along the first axis; the
+    sum is written into the draw's buffer (donated), so a K x dim x C array exists once."""
+    return _add_shift(jax.random.normal(key, shape), shift)
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _add_shift(draw, shift):
+    return draw + shift.reshape((-1,) + (1,) * (draw.ndim - 1))
+
+
+@jax.jit
+def _leaf_rows(key, c, v, w, b, sd):
+    """LEAF Synthetic rows of clients ``c``: ``x ~ N(v_c, diag(sd^2))``, ``argmax(x W_c + b_c)``."""
+    x = v[c] + sd * jax.random.normal(key, (c.shape[0], v.shape[1]))
+    logits = jnp.einsum("rd,rdc->rc", x, w[c]) + b[c]
+    return x, jnp.argmax(logits, axis=-1).astype(jnp.int32)
 
 
 class RegressionClusters(NamedTuple):
@@ -158,7 +176,7 @@ def clustered_regression(
     theta_std_range: tuple[float, float] = (0.1, 0.5),
     theta_scale: float = 1.0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """FedCVR-Bolt's clustered linear regression (``papers/fedcvr_bolt.txt`` appendix C.3).
+    """FedCVR-Bolt's clustered linear regression (arXiv:2506.02897, appendix C.3).
 
     Each client k gets a cluster ``j_k ~ U{0..J-1}``. Its inputs are
     ``x ~ N(theta_x_j, sigma_x_j^2 I)`` and each example draws its own regression vector

@@ -19,15 +19,20 @@ def segment_sums(
     valid: Array,
     num_segments: int,
     batch_size: int = 1024,
+    mesh: jax.sharding.Mesh | None = None,
 ) -> tuple[Array, Array, Array]:
     """Per-segment sums of loss and correct predictions, and counts, over rows ``x, y``.
 
-    Rows run in batches of ``batch_size`` under ``lax.map`` (memory stays at one batch of
-    activations). Returns ``(loss_sum, correct_sum, count)``, each float32[num_segments].
+    Rows run in batches of ``batch_size`` under ``lax.map`` (memory: one batch of activations,
+    one float per row and one per segment). With a ``mesh`` of n devices (axis ``clients``) the
+    batches are split into n groups, one per device. Returns ``(loss_sum, correct_sum,
+    count)``, each float32[num_segments].
     """
     n = x.shape[0]
-    batch_size = max(1, min(batch_size, n))
+    n_dev = 1 if mesh is None else mesh.devices.size
+    batch_size = max(1, min(batch_size, -(-n // n_dev)))
     nb = -(-n // batch_size)
+    nb = -(-nb // n_dev) * n_dev
     pad = nb * batch_size - n
 
     def padded(a, value=0):
@@ -37,21 +42,35 @@ def segment_sums(
     xs, ys, segs, vals = padded(x), padded(y), padded(segment), padded(valid, False)
 
     def one(args):
-        xb, yb, sb, vb = args
+        # per-row masked loss and correct flags: the batches stack to n floats, and one
+        # segment sum at the end keeps memory at O(n + num_segments)
+        xb, yb, vb = args
         out = model.apply(params, xb)
         w = vb.astype(jnp.float32)
         loss = model.loss(out, yb) * w
         correct = model.correct(out, yb) * w if model.correct is not None else jnp.zeros_like(w)
-        return (
-            jax.ops.segment_sum(loss, sb, num_segments),
-            jax.ops.segment_sum(correct, sb, num_segments),
-            jax.ops.segment_sum(w, sb, num_segments),
-        )
+        return loss, correct
 
-    if nb == 1:
-        return one((xs[0], ys[0], segs[0], vals[0]))
-    sums = jax.lax.map(one, (xs, ys, segs, vals))
-    return tuple(s.sum(0) for s in sums)  # type: ignore[return-value]
+    if n_dev > 1:
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        sharding = NamedSharding(mesh, PartitionSpec("clients"))
+
+        def split(a):
+            a = a.reshape((n_dev, nb // n_dev) + a.shape[1:])
+            return jax.lax.with_sharding_constraint(a, sharding)
+
+        loss, correct = jax.vmap(lambda g: jax.lax.map(one, g))(jax.tree.map(split, (xs, ys, vals)))
+    elif nb == 1:
+        loss, correct = one((xs[0], ys[0], vals[0]))
+    else:
+        loss, correct = jax.lax.map(one, (xs, ys, vals))
+    flat_segs, w = segs.reshape(-1), vals.reshape(-1).astype(jnp.float32)
+    return (
+        jax.ops.segment_sum(loss.reshape(-1), flat_segs, num_segments),
+        jax.ops.segment_sum(correct.reshape(-1), flat_segs, num_segments),
+        jax.ops.segment_sum(w, flat_segs, num_segments),
+    )
 
 
 def evaluate_central(
@@ -61,38 +80,62 @@ def evaluate_central(
     y: Array,
     batch_size: int = 1024,
     valid: Array | None = None,
+    mesh: jax.sharding.Mesh | None = None,
 ) -> tuple[Array, Array]:
     """Mean loss and accuracy (NaN for regression) on a centralised test set (the rows where
-    ``valid``, when given)."""
+    ``valid``, when given); split over the devices of ``mesh``."""
     seg = jnp.zeros((x.shape[0],), jnp.int32)
     if valid is None:
         valid = jnp.ones((x.shape[0],), bool)
-    loss, correct, count = segment_sums(model, params, x, y, seg, valid, 1, batch_size)
+    loss, correct, count = segment_sums(model, params, x, y, seg, valid, 1, batch_size, mesh)
     acc = correct[0] / count[0] if model.correct is not None else jnp.nan
     return loss[0] / count[0], acc
 
 
 def evaluate_all_clients(
-    model: Model, params: Params, data: ClientData, batch_size: int = 1024
+    model: Model,
+    params: Params,
+    data: ClientData,
+    batch_size: int = 1024,
+    mesh: jax.sharding.Mesh | None = None,
 ) -> tuple[Array, Array, Array]:
     """Per-client mean loss, accuracy and example count over all of each client's examples,
-    in one pass over every stored row. Clients without examples get NaN."""
+    in one pass over every stored row (split over the devices of ``mesh``). Clients without
+    examples get NaN."""
     x, y, client, valid = data.rows()
     loss, correct, count = segment_sums(
-        model, params, x, y, client, valid, data.num_clients, batch_size
+        model, params, x, y, client, valid, data.num_clients, batch_size, mesh
     )
     denom = jnp.where(count > 0, count, jnp.nan)
     return loss / denom, correct / denom, count
 
 
 def client_losses(
-    model: Model, params: Params, data: ClientData, clients: Array, batch_size: int = 256
+    model: Model,
+    params: Params,
+    data: ClientData,
+    clients: Array,
+    batch_size: int = 256,
+    group: int = 8,
 ) -> Array:
     """Mean loss of ``params`` on each listed client's whole data (float32[n]).
 
-    Each client walks its examples in chunks of ``batch_size`` (a ``while_loop`` whose trip
-    count is the client's own under ``lax.map``, the largest listed client's under ``vmap``).
+    Each client walks its examples in chunks of ``batch_size`` (a ``while_loop``). The clients
+    are sorted by size and run in groups of ``group`` (``vmap`` inside a group, ``lax.map`` over
+    groups), so a group's loop runs to its own largest client rather than every client to the
+    largest listed one (skewed sizes otherwise pad most of the work).
     """
+    clients = jnp.asarray(clients, jnp.int32)
+    n = clients.shape[0]
+    if n > group:
+        order = jnp.argsort(data.counts[clients])
+        padded = -(-n // group) * group
+        ids = jnp.concatenate([clients[order], jnp.broadcast_to(clients[order[0]], (padded - n,))])
+        out = jax.lax.map(
+            lambda g: client_losses(model, params, data, g, batch_size, group),
+            ids.reshape(-1, group),
+        ).reshape(-1)[:n]
+        return jnp.zeros((n,), out.dtype).at[order].set(out)
 
     def one(client):
         count = data.counts[client]
@@ -110,7 +153,7 @@ def client_losses(
         )
         return total / jnp.maximum(count, 1)
 
-    return jax.vmap(one)(jnp.asarray(clients, jnp.int32))
+    return jax.vmap(one)(clients)
 
 
 def client_batch_losses(

@@ -1,0 +1,209 @@
+"""``fedjax-sel bench scale``: rounds at K = 10^3 ... 10^6 clients, seconds per phase and peak
+memory, for the strategies that must work at a million clients.
+
+Each (strategy, K) runs in a fresh child process (its peak memory is its own): LEAF Synthetic
+(logistic regression, ``max_examples`` examples per client at most, the flat layout when it is
+smaller), ``per_round`` slots, one compiled round per call. Reported per row:
+
+* ``seconds_per_round``: the median fused round (availability, selection, training,
+  aggregation, strategy update in one compiled program), after a compiling warm-up;
+* ``phases``: availability, selection, training and aggregation timed as separately compiled
+  pieces (``Simulation.run_rounds_profiled``; availability alone jitted), and one evaluation of
+  the central test set;
+* ``peak_memory_bytes``: the child's peak resident memory (``ru_maxrss``), and on an
+  accelerator the device's ``peak_bytes_in_use``;
+* ``data_seconds`` and ``compile_seconds``.
+
+The selection kernels alone at larger K: ``fedjax-sel bench kernels --clients 10000000``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from typing import Any
+
+from fedjax_sel.base import ConfigError
+from fedjax_sel.bench.common import machine_info, print_table, write_json_rows
+
+# strategy -> (strategy args, availability): the issue's list of million-client strategies
+SCALE_STRATEGIES: dict[str, tuple[dict[str, Any], str]] = {
+    "uniform": ({}, "always"),
+    "power_of_choice": ({"d": 2000}, "always"),
+    "hetero_select": ({}, "always"),
+    "oort": ({}, "always"),
+    "ca_fed": ({}, "markov"),
+    "unbiased": ({}, "markov"),
+    "fedcvr_bolt": ({"coalitions": "landmark", "warmup": 0}, "always"),
+}
+
+COLUMNS = [
+    ("strategy", "strategy", "{}"),
+    ("K", "clients", "{:,}"),
+    ("P", "per_round", "{:,}"),
+    ("s/round", "seconds_per_round", "{:.3f}"),
+    ("avail", "availability_s", "{:.3f}"),
+    ("select", "selection_s", "{:.3f}"),
+    ("train", "training_s", "{:.3f}"),
+    ("aggregate", "aggregation_s", "{:.3f}"),
+    ("eval", "evaluation_s", "{:.3f}"),
+    ("peak GiB", "peak_memory_gib", "{:.2f}"),
+    ("data s", "data_seconds", "{:.1f}"),
+    ("compile s", "compile_seconds", "{:.1f}"),
+]
+
+
+def measure_one(
+    strategy: str,
+    clients: int,
+    per_round: int,
+    *,
+    rounds: int = 3,
+    max_examples: int = 20,
+    local_steps: int = 10,
+    batch_size: int = 10,
+) -> dict[str, Any]:
+    """One row, in this process (the child's work)."""
+    import jax
+    import jax.numpy as jnp
+
+    from fedjax_sel.availability import from_spec as availability_from_spec
+    from fedjax_sel.data import load_dataset
+    from fedjax_sel.models import make_model
+    from fedjax_sel.simulation import Simulation
+    from fedjax_sel.strategies import make_strategy
+    from fedjax_sel.training import LocalConfig
+
+    args, availability = SCALE_STRATEGIES[strategy]
+    t0 = time.perf_counter()
+    ds = load_dataset(
+        "leaf_synthetic", num_clients=clients, seed=0, max_examples=max_examples, layout="auto"
+    )
+    data_seconds = time.perf_counter() - t0
+    sim = Simulation(
+        ds,
+        make_model("logreg", input_shape=ds.input_shape, num_classes=ds.num_classes),
+        make_strategy(strategy, per_round, **args),
+        local=LocalConfig(batch_size=batch_size, lr=0.05, local_steps=local_steps),
+        per_round=per_round,
+        num_rounds=rounds + 2,
+        availability=availability_from_spec(availability),
+        chunk_size=1,
+        parallel="vmap",
+    )
+    state = sim.init(0)
+    t0 = time.perf_counter()
+    state, _ = jax.block_until_ready(sim.run_rounds(state, 1))
+    compile_seconds = time.perf_counter() - t0
+    fused = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        state, _ = jax.block_until_ready(sim.run_rounds(state, 1))
+        fused.append(time.perf_counter() - t0)
+    # phases, each compiled on its own (a warm-up call first)
+    state, _, _ = sim.run_rounds_profiled(state, 1)
+    state, _, phases = sim.run_rounds_profiled(state, rounds)
+    step = jax.jit(sim.availability.step)
+    key = jax.random.key(1)
+    jax.block_until_ready(step(state.availability_state, key))
+    t0 = time.perf_counter()
+    for i in range(rounds):
+        jax.block_until_ready(step(state.availability_state, jax.random.fold_in(key, i)))
+    availability_s = (time.perf_counter() - t0) / rounds
+    sim.evaluate(state)
+    t0 = time.perf_counter()
+    sim.evaluate(state)
+    evaluation_s = time.perf_counter() - t0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    device_peak = None
+    stats = jax.devices()[0].memory_stats() if jax.default_backend() != "cpu" else None
+    if stats:
+        device_peak = stats.get("peak_bytes_in_use")
+    fused.sort()
+    del jnp
+    return {
+        "strategy": strategy,
+        "strategy_args": args,
+        "availability": availability,
+        "clients": clients,
+        "per_round": per_round,
+        "examples": int(ds.train.counts.sum()),
+        "layout": ds.train.layout,
+        "seconds_per_round": fused[len(fused) // 2],
+        "availability_s": availability_s,
+        "selection_s": max(phases["select"] / rounds - availability_s, 0.0),
+        "training_s": phases["train"] / rounds,
+        "aggregation_s": phases["aggregate"] / rounds,
+        "evaluation_s": evaluation_s,
+        "peak_memory_bytes": peak,
+        "peak_memory_gib": peak / 2**30,
+        "device_peak_bytes": device_peak,
+        "data_seconds": data_seconds,
+        "compile_seconds": compile_seconds - fused[len(fused) // 2],
+        "max_examples": max_examples,
+        "local_steps": local_steps,
+        "batch_size": batch_size,
+    }
+
+
+def scale_main(
+    strategies: list[str] | None = None,
+    clients: list[int] | None = None,
+    per_round: int = 1000,
+    *,
+    rounds: int = 3,
+    max_examples: int = 20,
+    out: str | None = None,
+    timeout: float = 3600.0,
+) -> list[dict]:
+    """Runs every (strategy, K) in a child process; prints the table, writes JSON."""
+    strategies = strategies or list(SCALE_STRATEGIES)
+    unknown = sorted(set(strategies) - set(SCALE_STRATEGIES))
+    if unknown:
+        raise ConfigError(
+            f"bench scale: unknown strategies {unknown}; choose {list(SCALE_STRATEGIES)}"
+        )
+    clients = clients or [1000, 10_000, 100_000, 1_000_000]
+    rows = []
+    for k in clients:
+        for s in strategies:
+            p = min(per_round, max(1, k // 10))
+            spec = dict(
+                strategy=s, clients=k, per_round=p, rounds=rounds, max_examples=max_examples
+            )
+            t0 = time.perf_counter()
+            r = subprocess.run(
+                [sys.executable, "-m", "fedjax_sel.bench.scale", json.dumps(spec)],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                env=os.environ,
+            )
+            if r.returncode != 0:
+                tail = (r.stderr or r.stdout)[-1500:]
+                row = {**spec, "error": tail.strip().splitlines()[-1] if tail.strip() else "?"}
+                print(f"{s} K={k:,}: failed ({row['error']})", file=sys.stderr)
+            else:
+                row = json.loads(r.stdout.strip().splitlines()[-1])
+            row["wall_seconds"] = time.perf_counter() - t0
+            rows.append(row)
+            if "error" not in row:
+                print(
+                    f"{s} K={k:,}: {row['seconds_per_round']:.3f} s/round, peak "
+                    f"{row['peak_memory_gib']:.2f} GiB ({row['wall_seconds']:.0f} s)",
+                    file=sys.stderr,
+                )
+    info = machine_info()
+    print(f"device: {info['device_kind']} ({info['backend']}, {info['cpu_count']} CPUs)")
+    print_table([r for r in rows if "error" not in r], COLUMNS)
+    write_json_rows(out, {"machine": info, "rows": rows})
+    return rows
+
+
+if __name__ == "__main__":  # the child: one row as the last line of stdout
+    spec = json.loads(sys.argv[1])
+    print(json.dumps(measure_one(**spec)))

@@ -1,0 +1,33 @@
+"""``fedjax-sel bench scale``: one row measured in process, checked against the data it ran on."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedjax_sel.base import ConfigError
+from fedjax_sel.bench.scale import measure_one, scale_main
+from fedjax_sel.data import load_dataset
+
+
+def test_row_describes_the_simulation_it_timed():
+    row = measure_one("ca_fed", 400, 20, rounds=2, max_examples=6, local_steps=2)
+    # the same generator call, independently: the row's example count and layout are the data's
+    ds = load_dataset("leaf_synthetic", num_clients=400, seed=0, max_examples=6, layout="auto")
+    counts = np.asarray(ds.train.counts)
+    assert row["examples"] == int(counts.sum()) and counts.max() <= 6
+    assert row["layout"] == ds.train.layout
+    assert (row["clients"], row["per_round"], row["availability"]) == (400, 20, "markov")
+    for key in ("seconds_per_round", "training_s", "evaluation_s", "data_seconds"):
+        assert row[key] > 0, key
+    for key in ("availability_s", "selection_s", "aggregation_s"):
+        assert row[key] >= 0, key
+    # phases are timed separately; together they cannot be orders of magnitude off the round
+    assert row["training_s"] < 50 * row["seconds_per_round"]
+    assert row["peak_memory_bytes"] > 2**20
+    assert row["peak_memory_gib"] == pytest.approx(row["peak_memory_bytes"] / 2**30)
+
+
+def test_unknown_strategy_is_named():
+    with pytest.raises(ConfigError, match="'nope'"):
+        scale_main(["uniform", "nope"], [100])
