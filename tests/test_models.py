@@ -10,7 +10,6 @@ import pytest
 
 from fedjax_sel.base import ConfigError
 from fedjax_sel.models import cross_entropy, make_model, masked_mean, ridge, squared_error
-from fedjax_sel.models.cnn import PatchConv, extract_patches
 
 
 def test_cross_entropy_matches_numpy():
@@ -34,22 +33,24 @@ def test_ridge_sums_kernels_only():
     assert float(ridge(0.5)(params)) == pytest.approx(0.5 * 0.5 * 6)
 
 
-@pytest.mark.parametrize("kernel", [(5, 5), (3, 3), (4, 2)])
-def test_patch_conv_equals_xla_convolution(kernel):
-    x = jax.random.normal(jax.random.key(0), (2, 9, 7, 3))
-    conv = nn.Conv(4, kernel, padding="SAME")
-    params = conv.init(jax.random.key(1), x)
-    ref = conv.apply(params, x)
-    got = PatchConv(4, kernel).apply(params, x)
-    np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=1e-4, atol=1e-5)
+def test_any_flax_conv_model_switches_convolutions_without_new_parameters():
+    from fedjax_sel.models import from_linen
+    from fedjax_sel.models.base import with_conv_impl
 
+    class Net(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            x = nn.relu(nn.Conv(3, (3, 3), strides=2)(x))
+            return nn.Dense(4)(x.reshape(x.shape[0], -1))
 
-def test_extract_patches_layout():
-    x = jnp.arange(2 * 4 * 4 * 2, dtype=jnp.float32).reshape(2, 4, 4, 2)
-    p = extract_patches(x, 3, 3)
-    assert p.shape == (2, 4, 4, 18)
-    # centre patch of pixel (1, 1): the 3x3 neighbourhood, (i, j, c) order
-    np.testing.assert_array_equal(np.asarray(p[0, 1, 1]), np.asarray(x[0, 0:3, 0:3, :]).reshape(-1))
+    patches = from_linen(Net(), name="net", input_shape=(8, 8, 2))
+    xla = with_conv_impl(patches, "xla")
+    assert (patches.conv_impl, xla.conv_impl) == ("patches", "xla")
+    params = patches.init(jax.random.key(0))
+    x = jax.random.normal(jax.random.key(1), (5, 8, 8, 2))
+    np.testing.assert_allclose(patches.apply(params, x), xla.apply(params, x), rtol=1e-5, atol=1e-5)
+    dense = from_linen(nn.Dense(3), name="dense", input_shape=(4,))
+    assert dense.conv_impl is None and with_conv_impl(dense, "xla") is dense
 
 
 @pytest.mark.parametrize(
@@ -116,3 +117,51 @@ def test_resnet18_through_make_model():
     np.testing.assert_allclose(float(model.regularizer(params)), expected, rtol=1e-5)
     with pytest.raises(ConfigError, match="width=5"):
         make_model("resnet18", input_shape=(8, 8, 3), num_classes=5, width=5, groups=2)
+
+
+def _np_dense(p, x):
+    return x @ np.asarray(p["kernel"], np.float64) + np.asarray(p["bias"], np.float64)
+
+
+def test_mlp_forward_matches_numpy():
+    model = make_model("mlp", input_shape=(4, 3), num_classes=5, hidden=(7, 6))
+    params = model.init(jax.random.key(3))
+    x = np.random.default_rng(0).normal(size=(9, 4, 3)).astype(np.float32)
+    h = x.reshape(9, -1).astype(np.float64)
+    for name in ("Dense_0", "Dense_1"):
+        h = np.maximum(_np_dense(params[name], h), 0.0)
+    want = _np_dense(params["Dense_2"], h)
+    np.testing.assert_allclose(model.apply(params, jnp.asarray(x)), want, rtol=1e-5, atol=1e-6)
+
+
+def _np_lstm_layer(p, xs):
+    """The LSTM recurrence (Hochreiter and Schmidhuber; flax's gate layout: input kernels
+    ``i*`` without bias, recurrent kernels ``h*`` with bias, gates i, f, g, o) from zeros."""
+    sig = lambda z: 1.0 / (1.0 + np.exp(-z))  # noqa: E731
+    k = {n: np.asarray(v["kernel"], np.float64) for n, v in p.items()}
+    b = {n: np.asarray(v["bias"], np.float64) for n, v in p.items() if "bias" in v}
+    batch, steps, _ = xs.shape
+    hidden = k["hi"].shape[0]
+    h, c = np.zeros((batch, hidden)), np.zeros((batch, hidden))
+    out = []
+    for t in range(steps):
+        x = xs[:, t]
+        gate = {g: x @ k[f"i{g}"] + h @ k[f"h{g}"] + b[f"h{g}"] for g in "ifgo"}
+        c = sig(gate["f"]) * c + sig(gate["i"]) * np.tanh(gate["g"])
+        h = sig(gate["o"]) * np.tanh(c)
+        out.append(h)
+    return np.stack(out, axis=1)
+
+
+def test_char_lstm_forward_matches_numpy():
+    model = make_model(
+        "lstm", input_shape=(6,), num_classes=11, embed_dim=3, lstm_hidden=5, lstm_layers=2
+    )
+    params = model.init(jax.random.key(2))
+    tokens = np.random.default_rng(1).integers(0, 11, (4, 6))
+    xs = np.asarray(params["Embed_0"]["embedding"], np.float64)[tokens]
+    for layer in ("OptimizedLSTMCell_0", "OptimizedLSTMCell_1"):
+        xs = _np_lstm_layer(params[layer], xs)
+    want = _np_dense(params["Dense_0"], xs[:, -1])
+    got = model.apply(params, jnp.asarray(tokens, jnp.int32))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

@@ -1,42 +1,53 @@
 """``fedjax-sel bench throughput``: one FedAvg round timed three ways in one process.
 
 1. **engine**: the simulator's compiled round (``Simulation``: selection, local training of P
-   clients in the chosen client-parallelism mode, aggregation, server step);
-2. **loop**: what a user would write without the engine, from the same flax/optax pieces: a
-   Python loop over the clients. Two variants are timed and the faster is reported:
-   ``loop_client`` calls one jitted per-client trainer (``lax.scan`` over local steps) per
-   client; ``loop_step`` calls one jitted SGD step per client and step (FedJAX's jit backend);
-   for the CNN the loop uses XLA's convolution (faster outside compiled loops on XLA:CPU);
+   clients in the chosen client-parallelism mode, aggregation, server step); ``auto`` is the
+   measured choice (:mod:`fedjax_sel.training.autotune`);
+2. **loop**: what a user writes without the engine, from the same flax/optax pieces: a Python
+   loop over the clients. Two variants, the faster reported: ``loop_step`` calls one jitted SGD
+   step per client and minibatch (FedJAX's jit backend); ``loop_client`` (fixed steps only)
+   calls one jitted per-client trainer (``lax.scan`` over the steps). The loop computes plain
+   flax (``lax.conv`` convolutions, fast outside compiled loops on XLA:CPU);
 3. **matmul**: a plain float32 matmul, the machine's practical peak.
 
-Each client does ``local_steps`` SGD steps of ``batch_size`` examples. FLOPs per client update
-come from XLA's cost analysis of one SGD step (analytic for the LSTM, whose time loop the cost
-analysis counts once), so ``gflops = updates/s * flops``.
+Work per client: ``steps`` (``local_steps`` SGD steps of ``batch_size`` examples) or ``epochs``
+(one local epoch over each client's own data, FedJAX's benchmark: batch 10, clients of
+LogNormal sizes between 100 and 400; the engine's epoch modes pad, the fraction of padded steps
+is reported). Models: ``logreg``, ``mlp``, ``cnn``, ``lstm``, or a user's flax linen module
+(``--model-def FILE.py:NAME``, built with no arguments, ``__call__(x)`` returning logits, on
+random data of ``--input-shape`` with ``--classes``). FLOPs per client update are analytic
+(:mod:`fedjax_sel.models.flops`), the same count on every backend.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
+from fedjax_sel.base import ConfigError
 from fedjax_sel.bench.common import (
-    flops_of,
     machine_info,
     matmul_gflops,
     print_table,
     time_call,
     write_json_rows,
 )
-from fedjax_sel.data.client_data import ClientData
+from fedjax_sel.data.client_data import from_client_arrays
 from fedjax_sel.data.datasets import FederatedDataset
-from fedjax_sel.models import make_model, masked_mean
+from fedjax_sel.fedbuff import from_spec as async_from_spec
+from fedjax_sel.models import Model, from_linen, make_model, masked_mean
+from fedjax_sel.models.base import with_conv_impl
+from fedjax_sel.models.flops import train_step_flops
 from fedjax_sel.simulation import Simulation, default_mesh
 from fedjax_sel.strategies import make_strategy
-from fedjax_sel.training.local import LocalConfig
+from fedjax_sel.system import from_spec as system_from_spec
+from fedjax_sel.training.local import LocalConfig, executed_steps
 
 # model -> (input shape, classes, token inputs, default clients per round)
 MODEL_SPECS = {
@@ -46,54 +57,76 @@ MODEL_SPECS = {
     "lstm": ((80,), 80, True, 10),
 }
 ALL_MODES = ("vmap", "map", "chunked:4", "chunked:16")
+WORKS = ("steps", "epochs")
 
 
-def synthetic_dataset(model_name: str, num_clients: int, examples: int, seed: int = 0):
-    """Random features/labels of the model's input shape (throughput ignores the values)."""
-    shape, classes, tokens, _ = MODEL_SPECS[model_name]
+def load_model_def(spec: str, input_shape: tuple[int, ...], classes: int) -> Model:
+    """A user's flax linen module ``FILE.py:NAME`` (built with no arguments) as a Model."""
+    path, _, name = spec.rpartition(":")
+    if not path or not name:
+        raise ConfigError(f"--model-def expects FILE.py:NAME, got {spec!r}")
+    if not Path(path).is_file():
+        raise ConfigError(f"--model-def: file {path!r} does not exist")
+    module_spec = importlib.util.spec_from_file_location(f"user_model_{Path(path).stem}", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)  # type: ignore[union-attr]
+    cls = getattr(module, name, None)
+    if cls is None:
+        raise ConfigError(f"--model-def: {path!r} defines no {name!r}")
+    return from_linen(cls(), name=name, input_shape=input_shape)
+
+
+def client_sizes(work: str, per_round: int, examples: int, seed: int = 0) -> np.ndarray:
+    if work == "steps":
+        return np.full(per_round, examples)
+    rng = np.random.default_rng(seed)  # FedJAX's benchmark: LogNormal sizes in [100, 400]
+    return np.clip(np.round(rng.lognormal(np.log(200), 0.4, per_round)), 100, 400).astype(int)
+
+
+def random_clients(shape, classes: int, tokens: bool, sizes: np.ndarray, seed: int = 0):
+    """Random examples of the model's input shape (throughput ignores the values)."""
     rng = np.random.default_rng(seed)
-    if tokens:
-        x = rng.integers(0, classes, (num_clients, examples) + shape).astype(np.uint8)
-        scale = None
-    else:
-        x = rng.integers(0, 256, (num_clients, examples) + shape).astype(np.uint8)
-        scale = 1.0 / 255.0
-    y = rng.integers(0, classes, (num_clients, examples)).astype(np.int32)
-    train = ClientData(
-        x=jnp.asarray(x),
-        y=jnp.asarray(y),
-        counts=jnp.full((num_clients,), examples, jnp.int32),
-        offsets=jnp.zeros((num_clients,), jnp.int32),
-        layout="padded",
-        n_max=examples,
-        x_scale=scale,
+    high = classes if tokens else 256
+    xs = [rng.integers(0, high, (n,) + tuple(shape)).astype(np.uint8) for n in sizes]
+    ys = [rng.integers(0, classes, n).astype(np.int32) for n in sizes]
+    return xs, ys, (None if tokens else 1.0 / 255.0)
+
+
+def dataset_of(name: str, shape, classes, xs, ys, scale) -> FederatedDataset:
+    train = from_client_arrays(
+        xs, ys, layout="flat" if len({len(y) for y in ys}) > 1 else "padded", x_scale=scale
     )
-    tx = jnp.asarray(x[0, :8]) if tokens else jnp.asarray(x[0, :8], jnp.float32) * scale
+    tx = jnp.asarray(xs[0][:8]) if scale is None else jnp.asarray(xs[0][:8], jnp.float32) * scale
     return FederatedDataset(
-        name=f"random-{model_name}",
+        name=f"random-{name}",
         train=train,
         test=None,
         test_x=tx,
-        test_y=jnp.asarray(y[0, :8]),
+        test_y=jnp.asarray(ys[0][:8]),
         task="classification",
         num_classes=classes,
-        input_shape=shape,
-        default_model=model_name,
+        input_shape=tuple(shape),
+        default_model=name,
         info={},
-    ), (x, y, scale)
+    )
 
 
-def _engine(model, ds, per_round, mode, local, repeats):
+def _engine(
+    model, ds, per_round, mode, local, repeats, trace=None, system=None, asynchronous=None
+):
+    strategy = "full" if asynchronous is None else "uniform"  # asynchronous needs a picker
     sim = Simulation(
         ds,
         model,
-        make_strategy("full", per_round),
+        make_strategy(strategy, per_round),
         local=local,
         per_round=per_round,
         num_rounds=repeats + 2,
         parallel=mode,
         chunk_size=1,
         mesh=default_mesh(),
+        system=None if system is None else system_from_spec(system),
+        asynchronous=asynchronous,
     )
     state = [sim.init(0)]
 
@@ -103,27 +136,80 @@ def _engine(model, ds, per_round, mode, local, repeats):
         return s.params
 
     t = time_call(one_round, repeats=repeats)
-    t["mode"] = "{}{}".format(sim.parallel[0], f":{sim.parallel[1]}" if sim.parallel[1] else "")
+    if trace is not None:
+        with jax.profiler.trace(str(trace)):
+            for _ in range(3):
+                jax.block_until_ready(one_round())
+    t["mode"] = sim.parallel_spec
+    t["choice"] = None if sim.parallel_choice is None else sim.parallel_choice.to_dict()
     return t
 
 
 def _loop_pieces(model, local):
     tx = optax.sgd(local.lr)
 
-    def loss_fn(p, xb, yb):
-        return masked_mean(model.loss(model.apply(p, xb), yb), jnp.ones(yb.shape, bool))
+    def loss_fn(p, xb, yb, mask):
+        return masked_mean(model.loss(model.apply(p, xb), yb), mask)
 
-    def step(p, s, xb, yb):
-        g = jax.grad(loss_fn)(p, xb, yb)
+    def step(p, s, xb, yb, mask):
+        g = jax.grad(loss_fn)(p, xb, yb, mask)
         u, s = tx.update(g, s, p)
         return optax.apply_updates(p, u), s
 
     return tx, step
 
 
-def _loop_client(model, data, per_round, local, repeats, params):
-    """Python loop over clients, one jitted per-client trainer (scan over local steps)."""
-    x, y, scale = data
+def _positions(work: str, sizes: np.ndarray, local: LocalConfig, seed: int = 0):
+    """Per client, its minibatches' example positions (int[steps, B]; ``>= n`` = padding)."""
+    rng = np.random.default_rng(seed)
+    bsz = local.batch_size
+    out = []
+    for n in sizes:
+        if work == "steps":
+            out.append(rng.integers(0, n, (local.local_steps, bsz)))
+        else:
+            perm = rng.permutation(n)
+            rows = -(-n // bsz)
+            out.append(np.pad(perm, (0, rows * bsz - n), constant_values=n).reshape(rows, bsz))
+    return out
+
+
+def _loop_step(model, data, sizes, local, work, repeats, params):
+    """Python loop over clients and minibatches, one jitted SGD step (FedJAX's jit backend;
+    a client's last partial batch is padded and masked, so the step never recompiles)."""
+    xs, ys, scale = data
+    tx, step = _loop_pieces(model, local)
+
+    @jax.jit
+    def jstep(p, s, xk, yk, idx, n):
+        mask = idx < n
+        idx = jnp.minimum(idx, n - 1)
+        xb = xk[idx].astype(jnp.float32) * scale if scale is not None else xk[idx]
+        return step(p, s, xb, yk[idx], mask)
+
+    accumulate = jax.jit(lambda acc, p, w: jax.tree.map(lambda a, b: a + w * b, acc, p))
+    dev_x = [jnp.asarray(x) for x in xs]
+    dev_y = [jnp.asarray(y) for y in ys]
+    idx = [[jnp.asarray(row) for row in rows] for rows in _positions(work, sizes, local)]
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    init = tx.init(params)
+    weights = sizes / sizes.sum()
+
+    def one_round():
+        acc = zeros
+        for c in range(len(sizes)):
+            p, s = params, init
+            for row in idx[c]:
+                p, s = jstep(p, s, dev_x[c], dev_y[c], row, int(sizes[c]))
+            acc = accumulate(acc, p, float(weights[c]))
+        return acc
+
+    return time_call(one_round, repeats=repeats)
+
+
+def _loop_client(model, data, sizes, local, repeats, params):
+    """Python loop over clients, one jitted per-client trainer (scan over the local steps)."""
+    xs, ys, scale = data
     tx, step = _loop_pieces(model, local)
     bsz, steps = local.batch_size, local.local_steps
 
@@ -133,78 +219,26 @@ def _loop_client(model, data, per_round, local, repeats, params):
 
         def body(c, k):
             idx = jax.random.randint(k, (bsz,), 0, xk.shape[0])
-            return step(c[0], c[1], xk[idx], yk[idx]), None
+            return step(c[0], c[1], xk[idx], yk[idx], jnp.ones((bsz,), bool)), None
 
         (p, _), _ = jax.lax.scan(body, (p, tx.init(p)), jax.random.split(key, steps))
         return p
 
     accumulate = jax.jit(lambda acc, p, w: jax.tree.map(lambda a, b: a + w * b, acc, p))
-    xs = [jnp.asarray(x[c]) for c in range(per_round)]
-    ys = [jnp.asarray(y[c]) for c in range(per_round)]
-    keys = jax.random.split(jax.random.key(1), per_round)
+    dev_x = [jnp.asarray(x) for x in xs]
+    dev_y = [jnp.asarray(y) for y in ys]
+    keys = jax.random.split(jax.random.key(1), len(sizes))
     zeros = jax.tree.map(jnp.zeros_like, params)
 
     def one_round():
         acc = zeros
-        for c in range(per_round):
-            acc = accumulate(acc, train_client(params, xs[c], ys[c], keys[c]), 1.0 / per_round)
+        for c in range(len(sizes)):
+            acc = accumulate(
+                acc, train_client(params, dev_x[c], dev_y[c], keys[c]), 1.0 / len(sizes)
+            )
         return acc
 
     return time_call(one_round, repeats=repeats)
-
-
-def _loop_step(model, data, per_round, local, repeats, params):
-    """Python loop over clients and steps, one jitted SGD step (FedJAX's jit backend)."""
-    x, y, scale = data
-    tx, step = _loop_pieces(model, local)
-    bsz, steps = local.batch_size, local.local_steps
-
-    @jax.jit
-    def jstep(p, s, xk, yk, idx):
-        xb = xk[idx].astype(jnp.float32) * scale if scale is not None else xk[idx]
-        return step(p, s, xb, yk[idx])
-
-    accumulate = jax.jit(lambda acc, p, w: jax.tree.map(lambda a, b: a + w * b, acc, p))
-    xs = [jnp.asarray(x[c]) for c in range(per_round)]
-    ys = [jnp.asarray(y[c]) for c in range(per_round)]
-    rng = np.random.default_rng(0)
-    idx = [jnp.asarray(rng.integers(0, x.shape[1], (steps, bsz))) for _ in range(per_round)]
-    zeros = jax.tree.map(jnp.zeros_like, params)
-    init = tx.init(params)
-
-    def one_round():
-        acc = zeros
-        for c in range(per_round):
-            p, s = params, init
-            for t in range(steps):
-                p, s = jstep(p, s, xs[c], ys[c], idx[c][t])
-            acc = accumulate(acc, p, 1.0 / per_round)
-        return acc
-
-    return time_call(one_round, repeats=repeats)
-
-
-def lstm_step_flops(
-    batch_size: int,
-    seq_len: int = 80,
-    vocab: int = 80,
-    embed: int = 8,
-    hidden: int = 256,
-    layers: int = 2,
-) -> float:
-    """FLOPs of one SGD step of the character LSTM (forward + backward ~ 3x forward).
-
-    XLA's cost analysis counts a ``while`` body once, not once per iteration, so for the
-    recurrent model the count is analytic: per example and time step each layer does a
-    ``[in + hidden] x [4 hidden]`` matmul, then the output layer ``hidden x vocab`` once.
-    """
-    per_example = 0.0
-    inputs = embed
-    for _ in range(layers):
-        per_example += 2 * (inputs + hidden) * 4 * hidden * seq_len
-        inputs = hidden
-    per_example += 2 * hidden * vocab
-    return 3 * per_example * batch_size
 
 
 def measure(
@@ -212,61 +246,111 @@ def measure(
     per_round: int | None = None,
     modes: list[str] | None = None,
     *,
+    work: str = "steps",
     local_steps: int = 10,
-    batch_size: int = 32,
+    batch_size: int | None = None,
     repeats: int = 3,
     peak: float | None = None,
+    model_def: str | None = None,
+    input_shape: tuple[int, ...] | None = None,
+    classes: int | None = None,
+    trace: str | None = None,
+    system: str | None = None,
+    asynchronous: str | None = None,
 ) -> list[dict]:
-    """Times the engine (each mode in ``modes``) and the loop for one model and P."""
-    if model_name not in MODEL_SPECS:
-        raise ValueError(f"unknown model {model_name!r}; choose {sorted(MODEL_SPECS)}")
-    shape, classes, _, default_p = MODEL_SPECS[model_name]
-    p = int(per_round or default_p)
-    examples = max(2 * batch_size * local_steps, batch_size)
-    ds, raw = synthetic_dataset(model_name, p, examples)
-    local = LocalConfig(batch_size=batch_size, lr=0.01, local_steps=local_steps)
-    model = make_model(model_name, input_shape=shape, num_classes=classes)
-    params = model.init(jax.random.key(0))
-    xb = jnp.zeros((batch_size,) + shape, jnp.int32 if model_name == "lstm" else jnp.float32)
-    yb = jnp.zeros((batch_size,), jnp.int32)
-    _, step = _loop_pieces(model, local)
-    if model_name == "lstm":
-        flops = local_steps * lstm_step_flops(batch_size, seq_len=shape[0], vocab=classes)
+    """Times the engine (each mode in ``modes``) and the loop for one model and P; with
+    ``system``, also the engine's round with that system model (its overhead), and with
+    ``asynchronous`` (a FedBuff spec, concurrency P) FedBuff's client updates per second."""
+    if work not in WORKS:
+        raise ConfigError(f"--work must be one of {WORKS}, got {work!r}")
+    if model_def is not None:
+        if input_shape is None or classes is None:
+            raise ConfigError("--model-def needs --input-shape and --classes")
+        shape, tokens, default_p = tuple(input_shape), False, 10
+        model = load_model_def(model_def, shape, classes)
+        model_name = model.name
     else:
-        flops = local_steps * flops_of(step, params, optax.sgd(0.1).init(params), xb, yb)
+        if model_name not in MODEL_SPECS:
+            raise ConfigError(f"unknown model {model_name!r}; choose {sorted(MODEL_SPECS)}")
+        shape, classes, tokens, default_p = MODEL_SPECS[model_name]
+        model = make_model(model_name, input_shape=shape, num_classes=classes)
+    p = int(per_round or default_p)
+    bsz = int(batch_size or (32 if work == "steps" else 10))
+    examples = max(2 * bsz * local_steps, bsz)
+    sizes = client_sizes(work, p, examples)
+    xs, ys, scale = random_clients(shape, classes, tokens, sizes)
+    ds = dataset_of(model_name, shape, classes, xs, ys, scale)
+    if work == "steps":
+        local = LocalConfig(batch_size=bsz, lr=0.01, local_steps=local_steps)
+        steps = np.full(p, local_steps)
+    else:
+        local = LocalConfig(batch_size=bsz, lr=0.01, local_steps=None, local_epochs=1)
+        steps = -(-sizes // bsz)
+    params = model.init(jax.random.key(0))
+    xb = jnp.zeros((bsz,) + tuple(shape), jnp.int32 if tokens else jnp.float32)
+    step_flops = train_step_flops(model.module, xb)
+    flops_per_update = float(step_flops * steps.mean())
     peak = peak if peak is not None else matmul_gflops()
 
-    loop_model = model
-    if model_name == "cnn":
-        loop_model = make_model(model_name, input_shape=shape, num_classes=classes, conv_impl="xla")
-    t_client = _loop_client(loop_model, raw, p, local, repeats, params)
-    t_step = _loop_step(loop_model, raw, p, local, repeats, params)
-    loop_s = min(t_client["seconds"], t_step["seconds"])
+    loop_model = with_conv_impl(model, "xla") if model.conv_impl else model
+    t_step = _loop_step(loop_model, (xs, ys, scale), sizes, local, work, repeats, params)
+    loop_times = {"loop_step": t_step["seconds"]}
+    if work == "steps":
+        t_client = _loop_client(loop_model, (xs, ys, scale), sizes, local, repeats, params)
+        loop_times["loop_client"] = t_client["seconds"]
+    loop_s = min(loop_times.values())
     rows = []
     for mode in modes or ["auto"]:
-        t = _engine(model, ds, p, mode, local, repeats)
-        eng_ups = p / t["seconds"]
-        loop_ups = p / loop_s
+        t = _engine(model, ds, p, mode, local, repeats, trace)
+        eng_ups, loop_ups = p / t["seconds"], p / loop_s
+        timed = {}
+        if system is not None or asynchronous is not None:
+            spec = system or "lognormal"
+            t_sys = _engine(model, ds, p, t["mode"], local, repeats, system=spec)
+            timed.update(
+                system=spec,
+                system_round_seconds=t_sys["seconds"],
+                system_overhead=t_sys["seconds"] / t["seconds"] - 1.0,
+            )
+        if asynchronous is not None:
+            fb = async_from_spec(asynchronous, p)
+            t_fb = _engine(model, ds, p, t["mode"], local, repeats, system=spec, asynchronous=fb)
+            timed.update(
+                asynchronous=f"fedbuff:concurrency={fb.concurrency},buffer={fb.buffer}",
+                fedbuff_step_seconds=t_fb["seconds"],
+                fedbuff_client_updates_per_s=fb.buffer / t_fb["seconds"],
+                sync_system_client_updates_per_s=p / t_sys["seconds"],
+            )
+        kind, _, rest = t["mode"].split(",")[0].partition(":")
+        executed = executed_steps(steps, kind, int(rest) if rest else None)
         rows.append(
             {
                 "model": model_name,
+                "work": work,
                 "per_round": p,
                 "mode": t["mode"],
-                "local_steps": local_steps,
-                "batch_size": batch_size,
+                "parallel_choice": t["choice"],
+                "local_steps": local_steps if work == "steps" else None,
+                "local_epochs": 1 if work == "epochs" else None,
+                "batch_size": bsz,
+                "client_sizes": [int(sizes.min()), int(np.median(sizes)), int(sizes.max())],
+                "padded_step_fraction": 1.0 - steps.sum() / max(executed, 1),
                 "engine_round_seconds": t["seconds"],
                 "engine_compile_seconds": t["first_seconds"] - t["seconds"],
                 "engine_client_updates_per_s": eng_ups,
                 "loop_client_updates_per_s": loop_ups,
-                "loop_client_jit_updates_per_s": p / t_client["seconds"],
-                "loop_step_jit_updates_per_s": p / t_step["seconds"],
+                "loop_step_jit_updates_per_s": p / loop_times["loop_step"],
+                "loop_client_jit_updates_per_s": p / loop_times["loop_client"]
+                if "loop_client" in loop_times
+                else None,
                 "speedup_vs_loop": eng_ups / loop_ups,
-                "flops_per_client_update": flops,
-                "engine_gflops": eng_ups * flops / 1e9,
-                "loop_gflops": loop_ups * flops / 1e9,
+                "flops_per_client_update": flops_per_update,
+                "engine_gflops": eng_ups * flops_per_update / 1e9,
+                "loop_gflops": loop_ups * flops_per_update / 1e9,
                 "matmul_gflops": peak,
-                "engine_fraction_of_peak": eng_ups * flops / 1e9 / peak,
-                "loop_fraction_of_peak": loop_ups * flops / 1e9 / peak,
+                "engine_fraction_of_peak": eng_ups * flops_per_update / 1e9 / peak,
+                "loop_fraction_of_peak": loop_ups * flops_per_update / 1e9 / peak,
+                **timed,
             }
         )
     return rows
@@ -274,16 +358,29 @@ def measure(
 
 COLUMNS = [
     ("model", "model", "{}"),
+    ("work", "work", "{}"),
     ("P", "per_round", "{}"),
     ("mode", "mode", "{}"),
-    ("engine upd/s", "engine_client_updates_per_s", "{:.0f}"),
-    ("loop upd/s", "loop_client_updates_per_s", "{:.0f}"),
+    ("engine upd/s", "engine_client_updates_per_s", "{:.1f}"),
+    ("loop upd/s", "loop_client_updates_per_s", "{:.1f}"),
     ("speedup", "speedup_vs_loop", "{:.2f}x"),
+    ("padded", "padded_step_fraction", "{:.0%}"),
     ("engine GF/s", "engine_gflops", "{:.1f}"),
-    ("loop GF/s", "loop_gflops", "{:.1f}"),
     ("matmul GF/s", "matmul_gflops", "{:.1f}"),
     ("engine %peak", "engine_fraction_of_peak", "{:.0%}"),
     ("compile s", "engine_compile_seconds", "{:.1f}"),
+]
+
+
+TIMED_COLUMNS = [
+    ("model", "model", "{}"),
+    ("P", "per_round", "{}"),
+    ("round s", "engine_round_seconds", "{:.4f}"),
+    ("+system s", "system_round_seconds", "{:.4f}"),
+    ("overhead", "system_overhead", "{:+.1%}"),
+    ("sync upd/s", "sync_system_client_updates_per_s", "{:.1f}"),
+    ("fedbuff", "asynchronous", "{}"),
+    ("fedbuff upd/s", "fedbuff_client_updates_per_s", "{:.1f}"),
 ]
 
 
@@ -292,10 +389,17 @@ def throughput_main(
     per_rounds: list[int | None],
     modes: list[str] | None = None,
     *,
+    work: str = "steps",
     local_steps: int = 10,
-    batch_size: int = 32,
+    batch_size: int | None = None,
     repeats: int = 3,
     out: str | None = None,
+    model_def: str | None = None,
+    input_shape: tuple[int, ...] | None = None,
+    classes: int | None = None,
+    trace: str | None = None,
+    system: str | None = None,
+    asynchronous: str | None = None,
 ) -> list[dict]:
     """Runs :func:`measure` over models x P, prints the table, writes JSON to ``out``.
 
@@ -303,30 +407,41 @@ def throughput_main(
     the top level (so a single ``--model --per-round`` run reads as one flat object).
     """
     if modes and "all" in modes:
-        modes = list(ALL_MODES)
+        modes = ["auto", *ALL_MODES]
     t0 = time.perf_counter()
     peak = matmul_gflops()
     rows = []
-    for m in models:
+    for m in [None] if model_def else models:
         for p in per_rounds:
             rows.extend(
                 measure(
                     m,
                     p,
                     modes,
+                    work=work,
                     local_steps=local_steps,
                     batch_size=batch_size,
                     repeats=repeats,
                     peak=peak,
+                    model_def=model_def,
+                    input_shape=input_shape,
+                    classes=classes,
+                    trace=trace,
+                    system=system,
+                    asynchronous=asynchronous,
                 )
             )
     info = machine_info()
     print(
         f"device: {info['device_kind']} ({info['backend']}, {info['cpu_count']} CPUs), "
-        f"jax {info['jax_version']}; {local_steps} local steps of batch {batch_size}"
+        f"jax {info['jax_version']}; work: {work}"
     )
     print_table(rows, COLUMNS)
+    if any("system_overhead" in r for r in rows):
+        print_table(rows, TIMED_COLUMNS)
     print(f"({time.perf_counter() - t0:.0f} s)")
+    if trace:
+        print(f"profiler trace of 3 engine rounds under {trace}/ (open in Perfetto/TensorBoard)")
     payload = {**rows[0], "machine": info, "rows": rows} if rows else {"machine": info, "rows": []}
     write_json_rows(out, payload)
     return rows

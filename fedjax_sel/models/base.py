@@ -10,7 +10,7 @@ parameters. ``ridge`` (an L2 penalty on the weight matrices) is an option of eve
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -35,6 +35,9 @@ class Model(NamedTuple):
       cpu_parallel: the client parallelism that measured fastest on XLA:CPU for this kind of
         model (``vmap`` for tiny per-client matmuls, ``map`` when one client fills the CPU);
         the rule behind ``--parallel auto`` when nothing was measured.
+      module: the flax module behind ``apply`` (``from_linen``), or ``None``.
+      conv_impl: how its ``nn.Conv`` layers compute: ``patches`` (im2col + matmul,
+        :mod:`fedjax_sel.models.conv`) or ``xla`` (``lax.conv``); ``None`` when it has none.
     """
 
     name: str
@@ -45,6 +48,8 @@ class Model(NamedTuple):
     regularizer: Callable[[Params], Array] | None
     task: str
     cpu_parallel: str = "map"
+    module: Any = None
+    conv_impl: str | None = None
 
 
 def cross_entropy(logits: Array, labels: Array) -> Array:
@@ -81,6 +86,9 @@ def ridge(coef: float) -> Callable[[Params], Array]:
     return reg
 
 
+CONV_IMPLS = ("patches", "xla")
+
+
 def from_linen(
     module: nn.Module,
     *,
@@ -90,19 +98,33 @@ def from_linen(
     input_dtype=jnp.float32,
     cpu_parallel: str = "map",
     jit_init: bool = False,
+    conv_impl: str = "patches",
 ) -> Model:
     """A :class:`Model` around a flax linen ``module`` whose ``__call__(x)`` returns logits
-    (classification, cross-entropy) or predictions (regression, squared error)."""
+    (classification, cross-entropy) or predictions (regression, squared error).
+
+    ``conv_impl``: how the module's ``nn.Conv`` layers compute inside the simulator: as
+    ``patches`` @ kernel (fast vmapped over clients and inside compiled loops; equal to
+    ``lax.conv`` up to float rounding) or with ``xla``'s convolution. The module is unchanged.
+    """
+    if task not in ("classification", "regression"):
+        raise ConfigError(f"task must be 'classification' or 'regression', got {task!r}")
+    if conv_impl not in CONV_IMPLS:
+        raise ConfigError(f"conv_impl must be one of {CONV_IMPLS}, got {conv_impl!r}")
+    from fedjax_sel.models.conv import count_convolutions, patches_convolutions
+
     dummy = jnp.zeros((1,) + tuple(input_shape), input_dtype)
+    has_convs = count_convolutions(module, dummy) > 0
 
     def init(key: PRNGKey) -> Params:
         return module.init(key, dummy)["params"]
 
     def apply(params: Params, x: Array) -> Array:
+        if has_convs and conv_impl == "patches":
+            with patches_convolutions():
+                return module.apply({"params": params}, x)
         return module.apply({"params": params}, x)
 
-    if task not in ("classification", "regression"):
-        raise ConfigError(f"task must be 'classification' or 'regression', got {task!r}")
     classify = task == "classification"
     return Model(
         name=name,
@@ -113,7 +135,30 @@ def from_linen(
         regularizer=None,
         task=task,
         cpu_parallel=cpu_parallel,
+        module=module,
+        conv_impl=conv_impl if has_convs else None,
     )
+
+
+def with_conv_impl(model: Model, conv_impl: str) -> Model:
+    """``model`` with its convolutions computed by ``conv_impl`` (same parameters)."""
+    if model.conv_impl is None or model.conv_impl == conv_impl:
+        return model
+    if model.module is None:
+        raise ConfigError(f"model {model.name!r} has no flax module to switch convolutions in")
+    from fedjax_sel.models.conv import patches_convolutions
+
+    module = model.module
+    if conv_impl not in CONV_IMPLS:
+        raise ConfigError(f"conv_impl must be one of {CONV_IMPLS}, got {conv_impl!r}")
+
+    def apply(params: Params, x: Array) -> Array:
+        if conv_impl == "patches":
+            with patches_convolutions():
+                return module.apply({"params": params}, x)
+        return module.apply({"params": params}, x)
+
+    return model._replace(apply=apply, conv_impl=conv_impl)
 
 
 def _with_ridge(model: Model, **common: float) -> Model:

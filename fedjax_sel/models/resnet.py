@@ -1,5 +1,5 @@
 """ResNet-18 for 32x32 images (He et al. 2016; the CIFAR variant: 3x3 stem, no max-pool), the
-model of HeteRo-Select's CIFAR-10 experiments (``papers/hetero_select.txt`` section IV).
+model of HeteRo-Select's CIFAR-10 experiments (arXiv:2508.06692, section IV).
 
 Batch normalisation keeps running statistics, which the simulator's pure ``Model`` (params
 only, no mutable state) does not carry and which federated averaging handles poorly on

@@ -1,4 +1,4 @@
-"""Local training of many clients at once (design sections 3, 5 and 6).
+"""Local training of many clients at once.
 
 One client's local work is a loop of SGD steps on minibatches of its own examples:
 
@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from fedjax_sel.base import Array, ConfigError, PRNGKey, TrainResult
@@ -120,10 +121,13 @@ def step_positions(key: PRNGKey, count: Array, batch_size: int) -> Array:
 
 
 def make_client_update(model: Model, cfg: LocalConfig, n_max: int) -> Callable:
-    """Builds ``update(params, opt_state, data, client, key) -> (params, opt_state, metrics)``.
+    """Builds ``update(params, opt_state, data, client, key, step_limit=None) -> (params,
+    opt_state, metrics)``.
 
     ``opt_state`` may be ``None`` (a fresh optimizer state each round). ``metrics`` is
-    ``(mean_loss, initial_loss, mean_loss_sq, num_steps)``.
+    ``(mean_loss, initial_loss, mean_loss_sq, num_steps)``. ``step_limit`` (int32 scalar):
+    the client stops after that many SGD steps (a straggler cut by the round's deadline);
+    its minibatches are the ones it would have drawn, so it computes a prefix of its full work.
     """
     cfg.validate()
     tx = client_optimizer(cfg)
@@ -151,7 +155,13 @@ def make_client_update(model: Model, cfg: LocalConfig, n_max: int) -> Callable:
         first_loss = jnp.where(steps == 0, loss, first_loss)
         return (p, opt_state, loss_sum + loss, sq_sum + sq, first_loss, steps + 1)
 
-    def update(params, opt_state, data: ClientData, client, key):
+    def limited_step(carry, global_params, data, client, positions, limit):
+        """A step taken only while under the limit (the carry passes through after it)."""
+        new = sgd_step(carry, global_params, data, client, positions)
+        go = carry[-1] < limit
+        return jax.tree.map(lambda a, b: jnp.where(go, a, b), new, carry)
+
+    def update(params, opt_state, data: ClientData, client, key, step_limit=None):
         if opt_state is None:
             opt_state = tx.init(params)
         count = data.counts[client]
@@ -161,7 +171,9 @@ def make_client_update(model: Model, cfg: LocalConfig, n_max: int) -> Callable:
 
             def body(s, c):
                 pos = step_positions(jax.random.fold_in(key, s), count, bsz)
-                return sgd_step(c, params, data, client, pos)
+                if step_limit is None:
+                    return sgd_step(c, params, data, client, pos)
+                return limited_step(c, params, data, client, pos, step_limit)
 
             carry = jax.lax.fori_loop(0, int(cfg.local_steps), body, carry)
         else:
@@ -171,7 +183,10 @@ def make_client_update(model: Model, cfg: LocalConfig, n_max: int) -> Callable:
                 batches = epoch_positions(jax.random.fold_in(key, e), count, n_max, bsz)
 
                 def cond(state):
-                    return state[0] < steps_per_epoch
+                    more = state[0] < steps_per_epoch
+                    if step_limit is not None:
+                        more = more & (state[1][-1] < step_limit)
+                    return more
 
                 def body(state):
                     b, inner = state
@@ -207,7 +222,7 @@ def parse_parallel(spec: str) -> tuple[str, int | None]:
 
 
 def auto_parallel(model: Model, backend: str | None = None) -> tuple[str, int | None]:
-    """The client-parallelism rule measured in design section 6 and ``bench throughput``.
+    """The client-parallelism rule, as measured with ``bench throughput``.
 
     On accelerators every model vmaps (batched GEMMs). On XLA:CPU a model follows its
     ``cpu_parallel``: small models vmap (a loop is dispatch-bound), while the MLP, the CNN
@@ -236,7 +251,9 @@ def parallel_over_slots(
       ``active`` mask and a ``skip_fn`` (same arguments and output structure as ``fn``),
       inactive slots run ``skip_fn`` instead (``lax.cond``; under ``vmap`` a cond would run
       both branches, so there every slot computes).
-    * ``chunked``: ``lax.map`` over chunks of ``chunk`` slots, ``vmap`` inside a chunk.
+    * ``chunked``: ``lax.map`` over chunks of ``chunk`` slots, ``vmap`` inside a chunk
+      (with local epochs, :func:`make_trainer` first sorts the slots by size, so each chunk's
+      batched loop runs to a step count close to its clients' own).
 
     With a ``mesh`` of n devices (axis ``clients``) and a slot count divisible by n, the slots
     are split into n groups placed on the n devices (a sharding constraint on the group axis);
@@ -288,13 +305,14 @@ def make_trainer(
     mesh: jax.sharding.Mesh | None = None,
 ) -> Callable:
     """Builds ``train(params, data, clients, active, key, client_opt_states=None,
-    per_slot_params=False)``.
+    per_slot_params=False, step_limit=None)``.
 
     Trains the listed clients (int32[P]) and returns a :class:`TrainResult` (with the slots'
     new optimizer states when ``persistent_state``). All slots start from ``params``, or, with
     ``per_slot_params``, slot i from ``params[i]`` (a pytree stacked over slots). Slots with
     ``active == False`` return their start parameters and zero metrics. Each client's
-    randomness is ``fold_in(key, client_id)``.
+    randomness is ``fold_in(key, client_id)``. ``step_limit`` (int32[P]): slot i stops after
+    that many SGD steps (stragglers cut by a deadline).
     """
     mode, chunk = parse_parallel(parallel)
     if mode == "auto":
@@ -302,7 +320,16 @@ def make_trainer(
     update = make_client_update(model, cfg, n_max)
     tx = client_optimizer(cfg)
 
-    def train(params, data, clients, active, key, client_opt_states=None, per_slot_params=False):
+    def train(
+        params,
+        data,
+        clients,
+        active,
+        key,
+        client_opt_states=None,
+        per_slot_params=False,
+        step_limit=None,
+    ):
         clients = jnp.asarray(clients, jnp.int32)
         keys = jax.vmap(lambda c: jax.random.fold_in(key, c))(clients)
         # Per-slot arguments are only what differs between slots: shared start parameters
@@ -312,27 +339,40 @@ def make_trainer(
             args.append(client_opt_states)
         if per_slot_params:
             args.append(params)
+        if step_limit is not None:
+            args.append(jnp.asarray(step_limit, jnp.int32))
 
         def unpack(rest):
             rest = list(rest)
             opt_state = rest.pop(0) if persistent_state else None
             p0 = rest.pop(0) if per_slot_params else params
+            limit = rest.pop(0) if step_limit is not None else None
             if opt_state is None:
                 opt_state = tx.init(p0)
-            return opt_state, p0
+            return opt_state, p0, limit
 
         def one(client, k, *rest):
-            opt_state, p0 = unpack(rest)
-            p, s, (loss, first, sq, steps) = update(p0, opt_state, data, client, k)
+            opt_state, p0, limit = unpack(rest)
+            p, s, (loss, first, sq, steps) = update(p0, opt_state, data, client, k, limit)
             return p, s, loss, first, sq, steps
 
         def skip(client, k, *rest):
-            opt_state, p0 = unpack(rest)
+            opt_state, p0, _ = unpack(rest)
             zero = jnp.zeros((), jnp.float32)
             return p0, opt_state, zero, zero, zero, jnp.zeros((), jnp.int32)
 
-        run = parallel_over_slots(one, mode, chunk, active, mesh, skip)
-        p, s, loss, first, sq, steps = run(*args)
+        on = active
+        group = cfg.local_epochs is not None and mode == "chunked"
+        if group:  # chunks of clients with close step counts: little padding per chunk
+            order = jnp.argsort(data.counts[clients], stable=True)
+            args = jax.tree.map(lambda a: a[order], args)
+            on = active[order]
+        run = parallel_over_slots(one, mode, chunk, on, mesh, skip)
+        outs = run(*args)
+        if group:
+            inverse = jnp.argsort(order)
+            outs = jax.tree.map(lambda a: a[inverse], outs)
+        p, s, loss, first, sq, steps = outs
         starts = params if per_slot_params else jax.tree.map(lambda x: x[None], params)
         p = masked_rows(active, p, starts)
         on = active.astype(jnp.float32)
@@ -348,3 +388,17 @@ def make_trainer(
 
     train.mode = (mode, chunk)  # type: ignore[attr-defined]
     return train
+
+
+def executed_steps(step_counts: np.ndarray, mode: str, chunk: int | None) -> int:
+    """SGD steps a parallelism mode executes for clients needing ``step_counts`` steps each:
+    ``vmap`` runs every slot to the largest count, ``map`` each to its own, ``chunked`` each
+    chunk of slots (sorted by count, as :func:`make_trainer` does with local epochs) to the
+    chunk's largest. ``1 - sum(step_counts) / executed`` is the fraction of padded steps."""
+    c = np.sort(np.asarray(step_counts, np.int64))
+    if mode == "vmap":
+        return int(c.size * c.max(initial=0))
+    if mode == "map":
+        return int(c.sum())
+    size = int(chunk or 1)
+    return int(sum(len(part) * part.max() for part in np.split(c, range(size, c.size, size))))

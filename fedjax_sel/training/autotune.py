@@ -1,0 +1,215 @@
+"""``--parallel auto``: the client-parallelism mode measured, not guessed.
+
+Which way of training a round's clients is fastest depends on the model, the shapes and the
+backend (vmap wins for tiny per-client matmuls, one client after another for models that fill
+the CPU, chunks in between; convolutions prefer patches @ kernel inside compiled loops on the
+CPU). :func:`choose_parallel` times the candidates on the real round shape (the simulation's
+model, data and local work, a realistic selection of clients) once, within a small time budget,
+and caches the winner on disk per (model, shapes, local work, backend, device, jax version), so
+later runs of the same shape reuse it without measuring. The rule of
+:func:`~fedjax_sel.training.local.auto_parallel` remains the fallback (``FEDJAX_SEL_AUTOTUNE=0``,
+or when the budget is spent before any measurement).
+
+A run's results do not depend on which mode wins beyond float rounding; and a run records the
+mode it used in its ``config.json``, so rerunning that file repeats the same mode exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_sel.data.client_data import ClientData
+from fedjax_sel.models import Model
+from fedjax_sel.models.base import with_conv_impl
+from fedjax_sel.training.local import (
+    LocalConfig,
+    auto_parallel,
+    executed_steps,
+    make_trainer,
+)
+
+CACHE_VERSION = 1
+DEFAULT_BUDGET_S = 30.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelChoice:
+    """The chosen client parallelism and how it was chosen.
+
+    Attributes:
+      parallel: the mode spec (``vmap``, ``map``, ``chunked:C``).
+      conv_impl: the convolution implementation (``patches``/``xla``), ``None`` without convs.
+      source: ``measured``, ``cache`` or ``rule``.
+      timings: candidate -> median seconds of one call of the round's local training.
+      padded_step_fraction: candidate -> share of executed SGD steps that are padding for the
+        measured selection (epoch mode; 0 for fixed steps).
+    """
+
+    parallel: str
+    conv_impl: str | None
+    source: str
+    timings: dict[str, float] = dataclasses.field(default_factory=dict)
+    padded_step_fraction: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def autotune_enabled() -> bool:
+    return os.environ.get("FEDJAX_SEL_AUTOTUNE", "1") not in ("0", "false", "no", "off")
+
+
+def cache_path() -> Path:
+    root = os.environ.get("FEDJAX_SEL_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "fedjax_sel"
+    )
+    return Path(root) / "parallel.json"
+
+
+def candidates(model: Model, per_round: int, backend: str) -> list[tuple[str, str | None]]:
+    """(mode, conv impl) pairs to time; the rule's choice first."""
+    rule = auto_parallel(model, backend)
+    rule_spec = rule[0] if rule[1] is None else f"{rule[0]}:{rule[1]}"
+    modes = [rule_spec] + [m for m in ("vmap", "map") if m != rule_spec]
+    modes += [f"chunked:{c}" for c in (4, 16) if c < per_round]
+    convs = (
+        [model.conv_impl]
+        if model.conv_impl is None
+        else [model.conv_impl] + [c for c in ("patches", "xla") if c != model.conv_impl]
+    )
+    return [(m, c) for c in convs for m in modes]
+
+
+def shape_key(
+    model: Model, cfg: LocalConfig, data: ClientData, per_round: int, persistent: bool, params: Any
+) -> str:
+    """What a measurement depends on, hashed: the model's parameter shapes and convolutions,
+    the example shape, the clients' sizes, the local work, the backend and the versions."""
+    dev = jax.devices()[0]
+    desc = {
+        "version": CACHE_VERSION,
+        "model": model.name,
+        "params": [list(x.shape) for x in jax.tree.leaves(params)],
+        "conv": model.conv_impl is not None,
+        "features": list(data.feature_shape),
+        "layout": data.layout,
+        "n_max": data.n_max,
+        "sizes": hashlib.sha256(np.asarray(data.counts).tobytes()).hexdigest()[:12],
+        "per_round": per_round,
+        "local": [
+            cfg.batch_size,
+            cfg.local_steps,
+            cfg.local_epochs,
+            cfg.momentum > 0,
+            cfg.prox_mu > 0,
+            cfg.weight_decay > 0,
+        ],
+        "persistent": persistent,
+        "backend": jax.default_backend(),
+        "device": dev.device_kind,
+        "devices": jax.device_count(),
+        "jax": jax.__version__,
+    }
+    return hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def _read_cache() -> dict:
+    try:
+        return json.loads(cache_path().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_cache(key: str, choice: ParallelChoice) -> None:
+    path = cache_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        cache = _read_cache()
+        cache[key] = choice.to_dict()
+        tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(cache, indent=1))
+        tmp.replace(path)
+    except OSError:  # a read-only home: the choice is simply not remembered
+        pass
+
+
+def _step_counts(cfg: LocalConfig, counts: np.ndarray) -> np.ndarray:
+    if cfg.local_steps is not None:
+        return np.full(counts.shape, cfg.local_steps)
+    return cfg.local_epochs * -(-counts // cfg.batch_size)
+
+
+def choose_parallel(
+    model: Model,
+    cfg: LocalConfig,
+    data: ClientData,
+    per_round: int,
+    *,
+    persistent_state: bool = False,
+    budget_s: float | None = None,
+    use_cache: bool = True,
+) -> ParallelChoice:
+    """The fastest (mode, conv impl) for this round shape: from the cache, by measuring the
+    candidates (each compiled, then its median of 3 calls) until ``budget_s`` seconds are
+    spent, or by the rule when measuring is off."""
+    backend = jax.default_backend()
+    rule_mode, rule_chunk = auto_parallel(model, backend)
+    rule = rule_mode if rule_chunk is None else f"{rule_mode}:{rule_chunk}"
+    if not autotune_enabled():
+        return ParallelChoice(rule, model.conv_impl, "rule")
+    params = model.init(jax.random.key(0))
+    key = shape_key(model, cfg, data, per_round, persistent_state, params)
+    if use_cache:
+        hit = _read_cache().get(key)
+        if hit is not None:
+            return ParallelChoice(**{**hit, "source": "cache"})
+    budget = DEFAULT_BUDGET_S if budget_s is None else float(budget_s)
+    counts = np.asarray(data.counts)
+    rng = np.random.default_rng(0)
+    chosen = np.sort(rng.choice(counts.size, per_round, replace=False))
+    clients = jnp.asarray(chosen, jnp.int32)
+    active = jnp.ones((per_round,), bool)
+    steps = _step_counts(cfg, counts[chosen])
+    states = None
+    if persistent_state:
+        from fedjax_sel.training.local import client_optimizer
+
+        one = client_optimizer(cfg).init(params)
+        states = jax.tree.map(lambda x: jnp.broadcast_to(x, (per_round,) + x.shape), one)
+    timings, padded = {}, {}
+    start = time.perf_counter()
+    for mode, conv in candidates(model, per_round, backend):
+        if timings and time.perf_counter() - start > budget:
+            break
+        name = mode if conv is None else f"{mode}/{conv}"
+        variant = model if conv is None else with_conv_impl(model, conv)
+        train = jax.jit(
+            make_trainer(variant, cfg, data.n_max, parallel=mode, persistent_state=persistent_state)
+        )
+        args = (params, data, clients, active, jax.random.key(1), states)
+        jax.block_until_ready(train(*args))
+        runs = []
+        for _ in range(3):
+            t = time.perf_counter()
+            jax.block_until_ready(train(*args))
+            runs.append(time.perf_counter() - t)
+        timings[name] = float(np.median(runs))
+        kind, _, size = mode.partition(":")
+        executed = executed_steps(steps, kind, int(size) if size else None)
+        padded[name] = float(1.0 - steps.sum() / max(executed, 1))
+    best = min(timings, key=timings.get)
+    mode, _, conv = best.partition("/")
+    choice = ParallelChoice(mode, conv or model.conv_impl, "measured", timings, padded)
+    if use_cache:
+        _write_cache(key, choice)
+    return choice
