@@ -1,6 +1,6 @@
 """Run metrics: accuracy summaries, stability and selection fairness.
 
-Definitions (HeteRo-Select, ``papers/hetero_select.txt`` section V; design section 7):
+Definitions (HeteRo-Select, arXiv:2508.06692, section V; docs/hetero_select.md, "Metrics"):
 
 * ``final_accuracy``: test accuracy at the last evaluation.
 * ``peak_accuracy``: the highest test accuracy over all evaluations.

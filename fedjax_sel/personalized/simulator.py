@@ -1,6 +1,6 @@
 """Personalized mode: each target client trains its own model on a weighted sum of peer gradients.
 
-SP-CACW (``papers/sp_cacw.txt``, Algorithm 1 and appendices D-F) at every step t of a target:
+SP-CACW (arXiv:2606.29322, Algorithm 1 and appendices D-F) at every step t of a target:
 
 1. broadcasts the target's model ``w_t``; every participating client i (``z_i ~ Bernoulli(p)``,
    the target always) returns a stochastic gradient ``g_i`` of its own loss at ``w_t``;

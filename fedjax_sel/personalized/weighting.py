@@ -1,6 +1,6 @@
 """SP-CACW's bound and weight rules, and the peer-weighting baselines (pure array functions).
 
-Notation (``papers/sp_cacw.txt``, appendix D): a target client 0 with objective ``f_0`` mixes the
+Notation (SP-CACW, arXiv:2606.29322, appendix D): a target client 0 with objective ``f_0`` mixes the
 stochastic gradients ``g_i`` of M clients (itself included) taken at its own model ``w_t``:
 ``G_t(alpha) = sum_i alpha_i z_i / p_i g_i`` (``z_i ~ Bernoulli(p_i)``, appendix E). Peer i's
 bias is ``b_i = grad f_i(w_t) - grad f_0(w_t)`` (``b_0 = 0``) and ``B = [b_0 ... b_{M-1}]``.

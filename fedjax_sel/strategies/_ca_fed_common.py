@@ -8,7 +8,8 @@ Availability estimates ``(pi_hat, lambda_hat)`` come from one of
   the paper's main experiments, section V-A c);
 * ``bayes``: the Beta-prior estimators of section IV-B, computed from the availability masks the
   strategy observes (:mod:`fedjax_sel.availability.estimators`);
-* ``reference``: the public code's biased ``lambda`` estimator (``reference/algorithms.md`` 1.3);
+* ``reference``: the public code's biased ``lambda`` estimator (github.com/arodio/CA-Fed;
+  docs/ca_fed.md);
 * ``auto`` (default): ``oracle`` when the availability model exposes its parameters, else
   ``bayes``.
 
@@ -17,7 +18,7 @@ reference code, on the true parameters (``prior="truth"``, needs an availability
 exposes them); its weight is ``prior_rounds`` pseudo-rounds (2 = a uniform Beta(1, 1) on pi;
 the reference code uses 100).
 
-Diagnostics (``Selection.diagnostics``, every round; design section 10), all fixed-size and
+Diagnostics (``Selection.diagnostics``, every round; docs/ca_fed.md), all fixed-size and
 O(K) to compute, none K-sized in the logs:
 
 * ``q_sum``, ``q_sum_sq``, ``q_max``: the sum of the trained clients' weights ``sum_k q_k``
@@ -213,8 +214,8 @@ def availability_weighted(
 
 # ----------------------------------------------------------------------------- F_k^*
 def fit_local_optimum(x: np.ndarray, y: np.ndarray, c: float = 1.0, max_iter: int = 1000):
-    """The reference code's ``F_k^*`` of one client (``utils/utils.py::get_local_optimums``,
-    ``reference/algorithms.md`` 1.5): scikit-learn's ``LogisticRegression(multi_class=
+    """The reference code's ``F_k^*`` of one client (``utils/utils.py::get_local_optimums``
+    in github.com/arodio/CA-Fed): scikit-learn's ``LogisticRegression(multi_class=
     "multinomial", C=c, max_iter)`` fitted on the client's training examples, i.e. the
     minimiser of ``c * sum_i CE_i + ||W||^2 / 2`` (intercepts not penalised) over the classes
     present in ``y``, and ``F_k^*`` its mean training log-loss. A client with a single class

@@ -1,8 +1,8 @@
-"""AdaFed as CA-Fed compares with it (section V-A c, baseline 3; ``reference/algorithms.md``
-3.2): every available client trains, with ``q_k = (alpha_k / pi_hat_k) / sum_{j in A_t}
-(alpha_j / pi_hat_j)``, normalised over the round's available clients. The reference code runs
-it with server learning rate 1. (AdaFed's own adaptive-weight optimisation, Tan et al. 2022, is
-not what the CA-Fed paper and code compare with.)"""
+"""AdaFed as CA-Fed compares with it (section V-A c, baseline 3; docs/ca_fed.md): every
+available client trains, with ``q_k = (alpha_k / pi_hat_k) / sum_{j in A_t} (alpha_j /
+pi_hat_j)``, normalised over the round's available clients. The reference code
+(github.com/arodio/CA-Fed) runs it with server learning rate 1. (AdaFed's own adaptive-weight
+optimisation, Tan et al. 2022, is not what the CA-Fed paper and code compare with.)"""
 
 from __future__ import annotations
 

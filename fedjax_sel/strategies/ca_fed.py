@@ -14,16 +14,17 @@ One round (Algorithm 1, lines 3-12):
 4. The available clients with ``q_k > 0`` train; the server applies ``sum_k q_k Delta_k`` with
    the server learning rate (eq. 3, line 12): the weights are not normalised.
 
-Where the paper and the public code (``reference/algorithms.md`` 2) differ, the code's choice is
-an option: ``lambda_order="abs"`` (the code sorts by ``|lambda_hat|``), ``loss_source=
-"validation"`` (the code's loss of the current model on the clients' held-out split, every
-round) with a fixed ``F_k^*``: ``optimum="zero"`` (the code's ``F_k^* = 0`` on MNIST/CIFAR,
-where its scikit-learn fit fails) or ``optimum="given"`` with ``optimum_values`` (the code's
-per-client fit on Synthetic, :func:`fedjax_sel.strategies._ca_fed_common.fit_local_optima`),
-``estimator="reference"`` (its biased ``lambda_hat``). ``kappa2`` is always in eq. 20's units:
-the code's ``bias_const`` c multiplies ``max g * TV^2`` without the factor 4 of eq. 20, so
-``c = 4 kappa2`` and the code's ``bias_const = 1`` (every script) is ``kappa2 = 0.25``. The
-code's ``smoothness_param`` s weights the old estimate: ``beta = 1 - s``.
+Where the paper and the public code (github.com/arodio/CA-Fed) differ (docs/ca_fed.md lists the
+differences), the code's choice is an option: ``lambda_order="abs"`` (the code sorts by
+``|lambda_hat|``), ``loss_source="validation"`` (the code's loss of the current model on the
+clients' held-out split, every round) with a fixed ``F_k^*``: ``optimum="zero"`` (the code's
+``F_k^* = 0`` on MNIST/CIFAR, where its scikit-learn fit fails) or ``optimum="given"`` with
+``optimum_values`` (the code's per-client fit on Synthetic,
+:func:`fedjax_sel.strategies._ca_fed_common.fit_local_optima`), ``estimator="reference"`` (its
+biased ``lambda_hat``). ``kappa2`` is always in eq. 20's units: the code's ``bias_const`` c
+multiplies ``max g * TV^2`` without the factor 4 of eq. 20, so ``c = 4 kappa2`` and the code's
+``bias_const = 1`` (every script) is ``kappa2 = 0.25``. The code's ``smoothness_param`` s
+weights the old estimate: ``beta = 1 - s``.
 
 Diagnostics (every round, :mod:`fedjax_sel.strategies._ca_fed_common` for the shared ones):
 ``excluded`` (clients with ``q_k = 0``), ``excluded_available`` (available ones among them),

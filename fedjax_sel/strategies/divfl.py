@@ -14,7 +14,7 @@ not select). U, the clients to represent, is the available set (``cover="availab
 client with a known update (``cover="known"``).
 
 The FilFL reference repository's "DivFL" maximises the cost instead of minimising it and never
-resets its distance accumulator (``reference/algorithms.md`` section 4.4); this module
+resets its distance accumulator (salmakh1/FilFL; docs/filfl.md, "Decisions"); this module
 implements the paper's version.
 
 A client that never sent an update has no direction yet. With ``warm_start=True`` (default) every

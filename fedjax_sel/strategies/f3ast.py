@@ -1,5 +1,5 @@
 """F3AST (Ribero, Vikalo and de Veciana, IEEE JSTSP 2023) as CA-Fed compares with it (section
-V-A c, baseline 4; ``reference/algorithms.md`` 3.3).
+V-A c, baseline 4; docs/ca_fed.md).
 
 Each round F3AST selects, among the available clients, the ``m`` with the largest
 ``alpha_k^2 / r_k^2`` and weights them ``alpha_k / r_k`` (not normalised), where ``r_k``

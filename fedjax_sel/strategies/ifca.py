@@ -1,5 +1,5 @@
-"""IFCA, the Iterative Federated Clustering Algorithm (Ghosh, Chung, Yin and Ramchandran 2020;
-``reference/algorithms.md`` section 8), a clustered baseline of FedCVR-Bolt's Table 2.
+"""IFCA, the Iterative Federated Clustering Algorithm (Ghosh, Chung, Yin and Ramchandran 2020,
+arXiv:2006.04088; docs/fedcvr_bolt.md, "Baselines"), a clustered baseline of FedCVR-Bolt's Table 2.
 
 The server keeps ``k`` cluster models ``theta_1..theta_k``. Each round:
 

@@ -3,7 +3,7 @@ train, the "less available" ones are always excluded. The paper does not give it
 how the classes are told apart; here a client is "more available" when ``pi_hat_k >=
 threshold`` (0.5 separates the paper's classes ``1/2 +- g``) and it gets CA-Fed's weight
 ``alpha_k / pi_hat_k`` (unnormalised), i.e. CA-Fed with every less-available client excluded.
-The public code has no such baseline (``reference/algorithms.md`` 2)."""
+The public CA-Fed code (github.com/arodio/CA-Fed) has no such baseline (docs/ca_fed.md)."""
 
 from __future__ import annotations
 

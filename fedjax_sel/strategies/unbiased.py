@@ -1,7 +1,7 @@
-"""Unbiased aggregation (CA-Fed paper, section V-A c, baseline 1; ``reference/algorithms.md``
-3.1): every available client trains, with weight ``q_k = alpha_k / pi_hat_k`` (not
-normalised), so that ``E[sum_{k in A_t} q_k Delta_k] = sum_k alpha_k Delta_k`` under
-stationarity (Theorem 1: the bias error vanishes for ``q proportional to alpha / pi``)."""
+"""Unbiased aggregation (CA-Fed paper, section V-A c, baseline 1; docs/ca_fed.md): every
+available client trains, with weight ``q_k = alpha_k / pi_hat_k`` (not normalised), so that
+``E[sum_{k in A_t} q_k Delta_k] = sum_k alpha_k Delta_k`` under stationarity (Theorem 1: the
+bias error vanishes for ``q proportional to alpha / pi``)."""
 
 from __future__ import annotations
 
