@@ -1,12 +1,16 @@
-"""The README's verdict table: every claim of every reproduction run, from the committed
+"""The verdict tables: every claim of every reproduction run, from the committed
 ``benchmarks/results/reproduce/<paper>/<profile>-<size>/verdicts.json`` files.
 
-    python benchmarks/verdicts_table.py            # prints the Markdown block
+    python benchmarks/verdicts_table.py            # every claim (the table of docs/verdicts.md)
+    python benchmarks/verdicts_table.py --write    # rewrites docs/verdicts.md
+    python benchmarks/verdicts_table.py --summary  # counts per paper and profile (README)
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,37 +27,111 @@ def _signed(x: float) -> str:
     return f"{x:+.2f}"
 
 
-def rows() -> tuple[list[str], list[str]]:
-    files, lines = [], []
+def notes() -> list[str]:
+    """The runs' notes on their claims (premises not met, sizes), one line per distinct note."""
+    seen: dict[str, list[str]] = {}
+    for paper in PAPERS:
+        for path in sorted((RESULTS / paper).glob("*/verdicts.json")):
+            for v in json.loads(path.read_text()):
+                if v.get("note"):
+                    where = f"{paper} {v['profile']}-{v['size']}: {v['claim']}"
+                    seen.setdefault(v["note"], [])
+                    if where not in seen[v["note"]]:
+                        seen[v["note"]].append(where)
+    return [f"- {'; '.join(w)}: {note}" for note, w in seen.items()]
+
+
+def rows() -> tuple[list[str], list[str], Counter]:
+    files, lines, counts = [], [], Counter()
     for paper in PAPERS:
         for path in sorted((RESULTS / paper).glob("*/verdicts.json")):
             files.append(str(path.relative_to(ROOT)))
             for v in json.loads(path.read_text()):
-                paper_diff = "-" if v.get("paper_diff") is None else _signed(v["paper_diff"])
+                counts[(paper, v["profile"], v["size"], v["verdict"])] += 1
+                unstated = v.get("paper_diff") is None or "no number" in (v.get("note") or "")
+                paper_diff = "-" if unstated else _signed(v["paper_diff"])
+                claim = v["claim"]
+                if v.get("setting") and v["setting"].lower() not in claim.lower():
+                    claim = f"{claim} ({v['setting']})"
                 ours = (
                     f"{_signed(v['diff_mean'])} [{_signed(v['diff_ci_low'])}, "
                     f"{_signed(v['diff_ci_high'])}]"
                 )
                 lines.append(
-                    f"| {paper} | {v['claim']}: {v['method']} vs {v['baseline']} | "
+                    f"| {paper} | {claim}: {v['method']} vs {v['baseline']} | "
                     f"{v['profile']}, {v['size']} | {v['seeds']} | "
                     f"{paper_diff} | {ours} | {VERDICT[v['verdict']]} |"
                 )
-    return files, lines
+    return files, lines, counts
+
+
+def summary(counts: Counter) -> list[str]:
+    out = []
+    for paper, profile, size in sorted({k[:3] for k in counts}, key=lambda k: PAPERS.index(k[0])):
+        n = [counts[(paper, profile, size, v)] for v in VERDICT]
+        out.append(f"| {paper} | {profile}, {size} | {sum(n)} | {n[0]} | {n[2]} | {n[1]} |")
+    return out
 
 
 def main() -> None:
-    files, lines = rows()
-    print(f"<!-- numbers: {' '.join(files)} -->")
-    print()
-    print(
-        "| paper | claim: method vs baseline | profile, size | seeds | paper's difference | "
-        "ours [95% CI] | verdict |"
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--summary", action="store_true", help="counts per paper and profile")
+    p.add_argument("--write", action="store_true", help="rewrite docs/verdicts.md")
+    a = p.parse_args()
+    files, lines, counts = rows()
+    if a.write:
+        page = DOCS_PAGE.format(table=table(files, lines), notes="\n".join(notes()))
+        (ROOT / "docs" / "verdicts.md").write_text(page)
+        print("wrote docs/verdicts.md")
+        return
+    if a.summary:
+        print("| paper | profile, size | claims | reproduced | inconclusive | not reproduced |")
+        print("|---|---|---:|---:|---:|---:|")
+        print("\n".join(summary(counts)))
+        return
+    print(table(files, lines))
+
+
+def table(files: list[str], lines: list[str]) -> str:
+    return "\n".join(
+        [
+            f"<!-- numbers: {' '.join(files)} -->",
+            "",
+            "| paper | claim: method vs baseline | profile, size | seeds | paper's difference | "
+            "ours [95% CI] | verdict |",
+            "|---|---|---|---:|---:|---|---|",
+            *lines,
+            "",
+            "<!-- /numbers -->",
+        ]
     )
-    print("|---|---|---|---:|---:|---|---|")
-    print("\n".join(lines))
-    print()
-    print("<!-- /numbers -->")
+
+
+DOCS_PAGE = """# Verdicts: every claim we tested, as run
+
+Written by `python benchmarks/verdicts_table.py --write` from the committed
+`benchmarks/results/reproduce/<paper>/<profile>-<size>/verdicts.json` (each run by
+`fedjax-sel reproduce NAME --profile PROFILE --size SIZE`). Differences are method minus
+baseline, paired by seed, in the claim's unit (accuracy points, or percent of the baseline's
+MSE for FedCVR-Bolt's regressions); the interval is the paired-t 95% interval over seeds.
+
+- **profile**: `paper` runs the experiment as the paper's text describes it, `code` as the
+  public reference code runs it (defaults and behaviour that differ from the text); each
+  method's page under `docs/` lists the differences.
+- **size**: `cpu` is scaled down to finish on a 2-core CPU (fewer rounds and clients, smaller
+  data); `paper` is the paper's size. A verdict at `cpu` size says what holds at that size,
+  not what the paper measured at its own.
+- **verdict**: `reproduced`: the interval excludes zero on the side of the paper's effect;
+  `inconclusive`: it holds both zero and the paper's effect (more seeds would settle it);
+  `not reproduced`: it excludes the paper's effect and does not lie beyond zero on its side.
+  A paper's difference of `-` means the text gives no number for the claim.
+
+{table}
+
+Notes the runs attach to their claims:
+
+{notes}
+"""
 
 
 if __name__ == "__main__":

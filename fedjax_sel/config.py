@@ -236,6 +236,13 @@ class RunConfig:
         0.9, "server momentum (server=momentum)", group=_T, minimum=0, below=1
     )
     server_weight_decay: float = setting(0.0, "server weight decay", group=_T, minimum=0)
+    matmul_precision: Literal["default", "bfloat16", "tensorfloat32", "float32"] = setting(
+        "default",
+        "precision of float32 matrix products and convolutions (jax.default_matmul_precision): "
+        "bfloat16 and tensorfloat32 trade accuracy for speed on GPUs and TPUs; CPUs compute "
+        "float32 whatever it says",
+        group=_T,
+    )
     parallel: str = setting(
         "auto",
         "client parallelism: auto | vmap | map | chunked:C",

@@ -34,3 +34,24 @@ def test_rows_and_limit(limited_kernel, tmp_path, capsys):
 def test_unknown_kernel_is_a_config_error():
     with pytest.raises(ConfigError, match="no_such_kernel"):
         kernels_main(["no_such_kernel"], [10])
+
+
+def _selection_kernels():
+    import fedjax_sel.bench  # noqa: F401  (registers every kernel benchmark)
+
+    # the FilFL passes train and evaluate real models: their own tests cover them
+    return [n for n in sorted(KERNEL_BENCHMARKS) if not n.startswith("filfl_")]
+
+
+@pytest.mark.parametrize("name", _selection_kernels())
+def test_every_registered_kernel_runs_at_a_small_size_with_finite_outputs(name):
+    """Each benchmark builds its kernel against today's interfaces (a changed protocol breaks
+    the build, not a later million-client run) and computes finite numbers."""
+    import jax
+
+    bench = KERNEL_BENCHMARKS[name]
+    k = 64 if bench.info["max_clients"] is None else min(64, bench.info["max_clients"])
+    fn, args = bench.factory(k)
+    out = jax.jit(fn)(*args)
+    leaves = [x for x in jax.tree.leaves(out) if jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating)]
+    assert all(bool(jnp.all(jnp.isfinite(x) | jnp.isinf(x) & (x < 0))) for x in leaves), name

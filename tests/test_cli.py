@@ -192,8 +192,9 @@ def test_bench_throughput_epochs_with_a_users_flax_model(tmp_path):
     """FedJAX's workload (one local epoch, batch 10, LogNormal client sizes) on a user's own
     flax module given as FILE.py:NAME; the engine's padded steps are reported."""
     (tmp_path / "net.py").write_text(
-        "import flax.linen as nn\n\n\nclass Net(nn.Module):\n    @nn.compact\n"
-        "    def __call__(self, x):\n        x = nn.relu(nn.Conv(4, (3, 3))(x))\n"
+        "from __future__ import annotations\n\nimport flax.linen as nn\n\n\n"
+        "class Net(nn.Module):\n    width: int = 4\n\n    @nn.compact\n"
+        "    def __call__(self, x):\n        x = nn.relu(nn.Conv(self.width, (3, 3))(x))\n"
         "        return nn.Dense(5)(x.reshape(x.shape[0], -1))\n"
     )
     out = tmp_path / "t.json"

@@ -81,6 +81,12 @@ def test_weight_sums_and_law_diagnostics(tmp_path):
     assert r.summary["selection_counts"] == counts.tolist()
     # FedAvg size weights sum to one per round: the weight sums add up to the rounds
     assert sum(r.summary["weight_sums"]) == pytest.approx(6.0, rel=1e-5)
+    # the process's peak memory: at least what it holds now, at most the machine's
+    import resource
+
+    now_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    assert 2**20 < r.summary["peak_host_memory_bytes"] <= min(now_kib * 1024, pages)
     diag = r.evals[-1]["diagnostics"]
     assert diag["law_entropy_ratio"] == pytest.approx(1.0, abs=1e-6)  # uniform law
     assert diag["law_max_over_uniform"] == pytest.approx(1.0, abs=1e-5)
@@ -276,3 +282,34 @@ def test_sweep_override_sets_every_cell_after_the_strategies(tmp_path):
     assert sweep.compare_options == {"time_targets": [0.8]}
     with pytest.raises(ConfigError, match="unknown \\[sweep\\] option"):
         expand_sweep({**spec, "sweep": {"seed": 3}}, tmp_path)
+
+
+def test_matmul_precision_is_the_one_the_round_is_traced_under(tmp_path):
+    """``matmul_precision`` reaches every compiled program of the run (its products carry the
+    matching precision), is written to config.json, and a bad value is refused by name."""
+    import flax.linen as nn
+    import jax
+
+    from fedjax_sel.data import load_dataset
+    from fedjax_sel.models import from_linen
+
+    seen: set[str] = set()
+
+    class Probe(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            seen.add(str(jax.config.jax_default_matmul_precision))
+            return nn.Dense(10)(x.reshape(x.shape[0], -1))
+
+    ds = load_dataset("digits", num_clients=10, seed=0)
+    probe = from_linen(Probe(), name="probe", input_shape=ds.input_shape)
+    r = run_experiment(
+        small(matmul_precision="float32", rounds=2), tmp_path / "p", progress=False, model=probe
+    )
+    assert seen == {"float32"}
+    assert json.loads((tmp_path / "p" / "config.json").read_text())["config"][
+        "matmul_precision"
+    ] == "float32"
+    assert r.summary["rounds_completed"] == 2
+    with pytest.raises(ConfigError, match="fp8"):
+        small(matmul_precision="fp8").resolve()

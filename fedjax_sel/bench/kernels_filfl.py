@@ -70,17 +70,25 @@ def _greedy(model_name: str, variant: str):
     return build
 
 
-for _model, _suffix, _clients in (("mlp", "", (10, 100, 1000)), ("lstm", "_lstm", (10, 100))):
+# n local models are held at once (the MLP's are 0.8 MB each): larger n is skipped, not tried
+for _model, _suffix, _clients, _limit in (
+    ("mlp", "", (10, 100, 1000), 2000),
+    ("lstm", "_lstm", (10, 100), 500),
+):
     for _variant in ("dgf", "rgf"):
         register_kernel(
             f"filfl_{_variant}{_suffix}",
             default_clients=_clients,
+            max_clients=_limit,
             description=f"one FilFL {_variant.upper()} pass over n {_model} local models",
         )(_greedy(_model, _variant))
 
 
 @register_kernel(
-    "filfl_brute", default_clients=(10,), description="exhaustive FilFL optimum, 2^n-1 subsets"
+    "filfl_brute",
+    default_clients=(10,),
+    max_clients=16,
+    description="exhaustive FilFL optimum, 2^n-1 subsets",
 )
 def _brute(n: int):
     model, stacked, x, y, _ = problem("mlp", n)

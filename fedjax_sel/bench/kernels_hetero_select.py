@@ -55,7 +55,11 @@ def _hetero_select(k: int):
 
     def fn(state, losses, available, key):
         oracle = ClientOracle(
-            _unused, _unused, lambda params: losses, _unused, _unused, _unused, _unused, key
+            loss=_unused,
+            batch_loss=_unused,
+            all_losses=lambda params: losses,
+            train=_unused,
+            train_key=key,
         )
         inputs = RoundInputs(jnp.int32(40), available, {}, jnp.ones((k,), jnp.int32))
         return strategy.select(state, inputs, oracle, key)

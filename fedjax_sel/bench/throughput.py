@@ -22,6 +22,7 @@ random data of ``--input-shape`` with ``--classes``). FLOPs per client update ar
 from __future__ import annotations
 
 import importlib.util
+import sys
 import time
 from pathlib import Path
 
@@ -69,6 +70,8 @@ def load_model_def(spec: str, input_shape: tuple[int, ...], classes: int) -> Mod
         raise ConfigError(f"--model-def: file {path!r} does not exist")
     module_spec = importlib.util.spec_from_file_location(f"user_model_{Path(path).stem}", path)
     module = importlib.util.module_from_spec(module_spec)
+    # registered first: dataclasses (flax modules) resolve string annotations through it
+    sys.modules[module_spec.name] = module
     module_spec.loader.exec_module(module)  # type: ignore[union-attr]
     cls = getattr(module, name, None)
     if cls is None:

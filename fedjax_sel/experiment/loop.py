@@ -233,12 +233,23 @@ def _summary(member: Member, engine: Engine, i: int) -> dict[str, Any]:
         "rounds_per_second": sum(c[0] for c in steady) / seconds if seconds > 0 else None,
         "client_updates_per_second": sum(c[1] for c in steady) / seconds if seconds > 0 else None,
         "first_chunk_seconds": member.chunks[0][2] if member.chunks else None,
+        "peak_host_memory_bytes": peak_host_memory_bytes(),
         "diverged": member.diverged is not None,
     }
     if member.diverged is not None:
         summary["diverged_at_round"] = member.diverged["round"]
         summary["message"] = member.diverged["message"]
     return summary
+
+
+def peak_host_memory_bytes() -> int:
+    """This process's peak resident memory so far (``ru_maxrss``: KiB on Linux, bytes on
+    macOS)."""
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
 def targets_summary(evals: list[dict[str, Any]], targets) -> dict[str, Any]:

@@ -26,7 +26,8 @@ CONFIG, METRICS, SUMMARY, CURVES, CHECKPOINT = (
     "checkpoint.npz",
 )
 
-# Keys whose values are wall-clock timings: they differ between two otherwise identical runs.
+# Keys whose values measure this process (wall-clock timings, memory): they differ between two
+# otherwise identical runs.
 TIMING_KEYS = frozenset(
     {
         "seconds",
@@ -36,6 +37,7 @@ TIMING_KEYS = frozenset(
         "client_updates_per_second",
         "first_chunk_seconds",
         "compile_seconds",
+        "peak_host_memory_bytes",
     }
 )
 

@@ -200,6 +200,16 @@ def run_group(
         c.resolve()
     if len({program_key(c) for c in configs}) > 1:
         raise ConfigError("run_group: the configurations differ in more than their seeds")
+    # every program of the group is traced (and cached) under the configured precision
+    with jax.default_matmul_precision(configs[0].matmul_precision):
+        return _run_group(
+            configs, outs, infos, seeds_together, dataset, model, bar, echo, resume, trace_dir
+        )
+
+
+def _run_group(
+    configs, outs, infos, seeds_together, dataset, model, bar, echo, resume, trace_dir
+) -> list[RunResult]:
     infos = list(infos) if infos is not None else [{} for _ in configs]
     if configs[0].mode == "personalized":
         return [
