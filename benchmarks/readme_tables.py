@@ -77,7 +77,7 @@ def system_overhead() -> str:
 def cpu_devices() -> str:
     one = f"{CPU}/throughput_steps_logreg.json"
     two = f"{CPU}/throughput_logreg_2devices.json"
-    r1 = next(r for r in _load(one)["rows"] if r["mode"].startswith("vmap"))
+    r1 = next(r for r in _load(one)["rows"] if r["mode"] == "vmap" and not r["parallel_choice"])
     r2 = _load(two)["rows"][0]
     text = (
         f"Measured on the 2-core CPU (logistic regression, {r1['per_round']:,} clients per round, "
@@ -91,13 +91,19 @@ def cpu_devices() -> str:
 
 def scale() -> str:
     f = f"{CPU}/scale.json"
-    rows = [r for r in _load(f)["rows"] if "error" not in r]
+    rows = _load(f)["rows"]
     lines = [
         "| strategy | K | P | s/round | selection s | training s | aggregation s | evaluation s "
         "| peak GiB | data s |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
+        if "error" in r:
+            lines.append(
+                f"| {r['strategy']} | {r['clients']:,} | {r['per_round']:,} | not measured "
+                "(stopped, see below) | | | | | | |"
+            )
+            continue
         lines.append(
             f"| {r['strategy']} | {r['clients']:,} | {r['per_round']:,} | "
             f"{r['seconds_per_round']:.3f} | {r['selection_s']:.3f} | {r['training_s']:.3f} | "
@@ -134,15 +140,15 @@ def phases() -> str:
 def seeds() -> str:
     f = f"{CPU}/sweep_seeds.json"
     lines = [
-        "| workload | seeds | together ms per seed-round | separate ms | speedup |",
+        "| workload | seeds | together: s per seed-round | separate: s per seed-round | speedup |",
         "|---|---:|---:|---:|---:|",
     ]
     data = _load(f)
     for r in data["rows"] if isinstance(data, dict) else data:
         lines.append(
             f"| {r['model']} ({r['dataset']}, {r['num_clients']:,} clients, P = "
-            f"{r['per_round']:,}) | {r['seeds']} | {1e3 * r['together_s_per_seed_round']:.2f} | "
-            f"{1e3 * r['separate_s_per_seed_round']:.2f} | {r['speedup']:.2f}x |"
+            f"{r['per_round']:,}) | {r['seeds']} | {r['together_s_per_seed_round']:.5f} | "
+            f"{r['separate_s_per_seed_round']:.5f} | {r['speedup']:.2f}x |"
         )
     return _block([f], lines)
 

@@ -9,9 +9,31 @@ sets it) it fails instead, so CI always runs them.
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
+import jax
 import pytest
+
+# One persistent compilation cache for the session (shared by the xdist workers of one run,
+# empty in a fresh one): tests that build the same program (the same small digits or
+# synthetic simulation, say) compile it once. Executables come back bit-identical.
+# Subprocesses (CLI runs, notebook kernels, the two-process test) inherit it through the
+# environment.
+_RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID") or str(os.getpid())
+_JAX_CACHE = Path(tempfile.gettempdir()) / f"fedjax_sel_tests_{_RUN}"
+os.environ["JAX_COMPILATION_CACHE_DIR"] = str(_JAX_CACHE)
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
+jax.config.update("jax_compilation_cache_dir", str(_JAX_CACHE))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
+def pytest_unconfigure(config):
+    """The controlling process (not an xdist worker) removes the session's cache."""
+    if not hasattr(config, "workerinput"):
+        import shutil
+
+        shutil.rmtree(_JAX_CACHE, ignore_errors=True)
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA_DIR = (ROOT / ".." / "shared" / "data").resolve()

@@ -303,6 +303,7 @@ def test_matmul_precision_is_the_one_the_round_is_traced_under(tmp_path):
 
     ds = load_dataset("digits", num_clients=10, seed=0)
     probe = from_linen(Probe(), name="probe", input_shape=ds.input_shape)
+    seen.clear()  # from_linen traces the module once to check its output shape
     r = run_experiment(
         small(matmul_precision="float32", rounds=2), tmp_path / "p", progress=False, model=probe
     )

@@ -84,9 +84,13 @@ def _oort(k: int):
         time_stamp=jnp.where(explored, jax.random.randint(keys[2], (k,), 1, 40), 0),
     )
     available = jax.random.bernoulli(jax.random.key(3), 0.8, (k,))
+    # the system model's simulated seconds per client (log-normal, median 60 s)
+    durations = 60.0 * jnp.exp(jax.random.normal(jax.random.key(5), (k,)))
 
-    def fn(state, available, key):
-        inputs = RoundInputs(jnp.int32(40), available, {}, jnp.ones((k,), jnp.int32))
+    def fn(state, available, durations, key):
+        inputs = RoundInputs(
+            jnp.int32(40), available, {}, jnp.ones((k,), jnp.int32), durations=durations
+        )
         return strategy.select(state, inputs, None, key)
 
-    return fn, (state, available, jax.random.key(4))
+    return fn, (state, available, durations, jax.random.key(4))

@@ -30,11 +30,14 @@ from typing import Any
 from fedjax_sel.base import ConfigError
 from fedjax_sel.bench.common import machine_info, print_table, write_json_rows
 
-# strategy -> (strategy args, availability): the list of million-client strategies
+# row label -> (strategy args, availability); a label ``NAME:OPTION`` runs strategy NAME
 SCALE_STRATEGIES: dict[str, tuple[dict[str, Any], str]] = {
     "uniform": ({}, "always"),
     "power_of_choice": ({}, "always"),  # d = min(2 P, K) candidates, set per row
+    # the paper's loss of every client under the current model: N forward passes per round
     "hetero_select": ({}, "always"),
+    # the loss each client reported at its last participation: O(K) per round
+    "hetero_select:last": ({"loss_source": "last"}, "always"),
     "oort": ({}, "always"),
     "ca_fed": ({}, "markov"),
     "unbiased": ({}, "markov"),
@@ -83,7 +86,8 @@ def measure_one(
     from fedjax_sel.training import LocalConfig
 
     args, availability = SCALE_STRATEGIES[strategy]
-    if strategy == "power_of_choice":
+    name = strategy.partition(":")[0]
+    if name == "power_of_choice":
         args = {**args, "d": min(2 * per_round, clients)}
     t0 = time.perf_counter()
     ds = load_dataset(
@@ -93,7 +97,7 @@ def measure_one(
     sim = Simulation(
         ds,
         make_model("logreg", input_shape=ds.input_shape, num_classes=ds.num_classes),
-        make_strategy(strategy, per_round, **args),
+        make_strategy(name, per_round, **args),
         local=LocalConfig(batch_size=batch_size, lr=0.05, local_steps=local_steps),
         per_round=per_round,
         num_rounds=rounds + 2,
@@ -191,7 +195,10 @@ def scale_main(
             )
             if r.returncode != 0:
                 tail = (r.stderr or r.stdout)[-1500:]
-                row = {**spec, "error": tail.strip().splitlines()[-1] if tail.strip() else "?"}
+                error = tail.strip().splitlines()[-1] if tail.strip() else "no output"
+                if r.returncode < 0:  # a signal: out of memory, or stopped by hand
+                    error = f"killed by signal {-r.returncode}"
+                row = {**spec, "error": error}
                 print(f"{s} K={k:,}: failed ({row['error']})", file=sys.stderr)
             else:
                 row = json.loads(r.stdout.strip().splitlines()[-1])
