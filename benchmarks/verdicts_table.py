@@ -4,6 +4,7 @@
     python benchmarks/verdicts_table.py            # every claim (the table of docs/verdicts.md)
     python benchmarks/verdicts_table.py --write    # rewrites docs/verdicts.md
     python benchmarks/verdicts_table.py --summary  # counts per paper and profile (README)
+    python benchmarks/verdicts_table.py --runs     # each run's wall time and machine
 """
 
 from __future__ import annotations
@@ -73,14 +74,64 @@ def summary(counts: Counter) -> list[str]:
     return out
 
 
+def _machine(m: dict) -> str:
+    kind = "CPU" if m["backend"] == "cpu" else m["device_kind"]
+    return f"{m['num_devices']} x {kind}, {m['cpu_count']} cores, jax `{m['jax_version']}`"
+
+
+def runs() -> tuple[list[str], list[str]]:
+    """One row per committed run that recorded ``run_info.json`` (the wall time of the whole
+    reproduction and its machine); runs from before that file existed are listed without."""
+    files, lines = [], []
+    for paper in PAPERS:
+        for folder in sorted(p.parent for p in (RESULTS / paper).glob("*/verdicts.json")):
+            info_path = folder / "run_info.json"
+            # the claims' paired seeds (a run's tables can have their own seed counts)
+            seeds = max(v["seeds"] for v in json.loads((folder / "verdicts.json").read_text()))
+            if not info_path.exists():
+                lines.append(f"| {paper} | {folder.name} | {seeds} | - | not recorded | - |")
+                continue
+            files.append(str(info_path.relative_to(ROOT)))
+            info = json.loads(info_path.read_text())
+            opts = ", ".join(f"{k}={v}" for k, v in info["options"].items() if k != "lrs") or "-"
+            if "lrs" in info["options"]:
+                opts += ", learning rates given"
+            lines.append(
+                f"| {paper} | {folder.name} | {seeds} | {opts} | {info['wall_seconds']:.1f} s | "
+                f"{_machine(info['machine'])} |"
+            )
+    return files, lines
+
+
+def runs_table() -> str:
+    files, lines = runs()
+    return "\n".join(
+        [
+            f"<!-- numbers: {' '.join(files)} -->",
+            "",
+            "| paper | profile-size | seeds | options | wall time | machine |",
+            "|---|---|---:|---|---:|---|",
+            *lines,
+            "",
+            "<!-- /numbers -->",
+        ]
+    )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--summary", action="store_true", help="counts per paper and profile")
     p.add_argument("--write", action="store_true", help="rewrite docs/verdicts.md")
+    p.add_argument("--runs", action="store_true", help="each run's wall time and machine")
     a = p.parse_args()
     files, lines, counts = rows()
+    if a.runs:
+        print(runs_table())
+        return
     if a.write:
-        page = DOCS_PAGE.format(table=table(files, lines), notes="\n".join(notes()))
+        page = DOCS_PAGE.format(
+            table=table(files, lines), notes="\n".join(notes()), runs=runs_table()
+        )
         (ROOT / "docs" / "verdicts.md").write_text(page)
         print("wrote docs/verdicts.md")
         return
@@ -131,6 +182,16 @@ MSE for FedCVR-Bolt's regressions); the interval is the paired-t 95% interval ov
 Notes the runs attach to their claims:
 
 {notes}
+
+## The runs
+
+Each run's options (beside its profile and size), its wall time from start to the written
+tables, and the machine (`run_info.json`, written by every `fedjax-sel reproduce` since it
+existed; the earlier `cpu` runs did not record theirs). A run resumed into its folder records
+the resumed part only: `ca_fed/code-paper` reused its Synthetic tuning (105 cells) from an
+earlier attempt ([ca_fed.md](ca_fed.md)).
+
+{runs}
 """
 
 

@@ -59,6 +59,7 @@ _EXPORTS = {
     "register_availability": "fedjax_sel.availability",
     "availability_from_spec": ("fedjax_sel.availability", "from_spec"),
     "REPRODUCTIONS": "fedjax_sel.reproduce",
+    "run_reproduction": "fedjax_sel.reproduce",
     "PERSONALIZED_METHODS": "fedjax_sel.personalized.methods",
     "run_method": "fedjax_sel.personalized",
     "PersonalizedConfig": "fedjax_sel.personalized",

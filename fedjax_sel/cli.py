@@ -266,12 +266,11 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
 def cmd_reproduce(a: argparse.Namespace) -> int:
     from fedjax_sel.registry import parse_pairs
-    from fedjax_sel.reproduce import REPRODUCTIONS
+    from fedjax_sel.reproduce import run_reproduction
 
-    seeds = {} if a.seeds is None else {"seeds": a.seeds}  # else the reproduction's default
-    REPRODUCTIONS.build(
+    run_reproduction(
         a.name,
-        **seeds,
+        seeds=a.seeds,  # None: the reproduction's default
         out=Path(a.out or f"runs/reproduce-{a.name}/{a.profile}-{a.size}"),
         size=a.size,
         profile=a.profile,

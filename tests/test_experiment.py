@@ -314,3 +314,56 @@ def test_matmul_precision_is_the_one_the_round_is_traced_under(tmp_path):
     assert r.summary["rounds_completed"] == 2
     with pytest.raises(ConfigError, match="fp8"):
         small(matmul_precision="fp8").resolve()
+
+
+_CODE_MAPS = """
+import jax, jax.numpy as jnp
+from fedjax_sel.experiment.sweep import release_compiled_programs
+
+def code_maps():
+    return sum(1 for line in open("/proc/self/maps") if " r-xp " in line and len(line.split()) < 6)
+
+def program(c):
+    def f(v):
+        for k in range(40):
+            v = jnp.tanh(v @ v * c + k) if k % 3 == 0 else jnp.sort(v, axis=k % 2) * c
+        return v
+    return jax.jit(f)
+
+x = jnp.ones((64, 64))
+alive = [program(float(i)) for i in range(20)]  # held, as a finished cell's programs are
+for f in alive:
+    f(x).block_until_ready()
+before = code_maps()
+assert not release_compiled_programs(threshold=2.0)  # below the threshold: kept
+assert release_compiled_programs(threshold=0.0)
+print(before, code_maps())
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs Linux's /proc")
+def test_release_compiled_programs_unmaps_their_code():
+    """XLA keeps each compiled program's machine code mapped while JAX caches it; a long
+    reproduction crashed at the kernel's mapping limit. Past the threshold the programs are
+    dropped and their code unmapped (fresh interpreter: the suite's own programs stay)."""
+    r = subprocess.run(
+        [sys.executable, "-c", _CODE_MAPS], capture_output=True, text=True, cwd=ROOT
+    )
+    assert r.returncode == 0, r.stderr
+    before, after = map(int, r.stdout.split())
+    assert before >= 10 and after < before / 2
+
+
+def test_run_cells_checks_the_mapping_limit_after_each_group(tmp_path, monkeypatch):
+    from fedjax_sel.experiment import sweep as sweep_lib
+
+    calls = []
+    monkeypatch.setattr(sweep_lib, "release_compiled_programs", lambda: calls.append(1))
+    spec = {
+        "sweep": {"seeds": 2},
+        "base": {"num_clients": 10, "per_round": 3, "rounds": 4, "eval_every": 2,
+                 "local_steps": 3, "batch_size": 16, "lr": 0.1},
+        "strategies": [{"strategy": "uniform"}, {"strategy": "full", "per_round": 10}],
+    }  # fmt: skip
+    run_sweep(spec, tmp_path, progress=False, echo=lambda *a: None, compare_results=False)
+    assert len(calls) == 2  # two groups (one program each), two seeds together in each

@@ -14,7 +14,7 @@ import pytest
 
 from fedjax_sel.experiment import run_group
 from fedjax_sel.models import make_model
-from fedjax_sel.reproduce import REPRODUCTIONS
+from fedjax_sel.reproduce import REPRODUCTIONS, run_reproduction
 from fedjax_sel.reproduce import hetero_select as hsr
 
 REQUIRED = (
@@ -147,7 +147,7 @@ def test_tiny_end_to_end_verdicts_and_cache(tiny, capsys):
     paired one recomputed from the run folders, a rerun reuses every finished cell, and a
     changed configuration is recomputed."""
     out = tiny / "out"
-    results = REPRODUCTIONS.build(
+    results = run_reproduction(
         "hetero-select",
         seeds=3,
         out=out,
@@ -156,6 +156,11 @@ def test_tiny_end_to_end_verdicts_and_cache(tiny, capsys):
         data_dir=tiny / "data",
         tables=("II",),
     )
+    # run_info.json: the arguments, the wall time and the machine of the whole reproduction
+    info = json.loads((out / "run_info.json").read_text())
+    assert info["reproduction"] == "hetero-select" and info["seeds"] == 3
+    assert (info["profile"], info["size"], info["options"]) == ("paper", "cpu", {"tables": ["II"]})
+    assert info["wall_seconds"] > 0 and info["machine"]["backend"] == jax.default_backend()
     rows = json.loads((out / "verdicts.json").read_text())
     assert len(rows) == 2 and all(set(REQUIRED) <= set(r) for r in rows)
     assert {r["verdict"] for r in rows} <= {"reproduced", "not_reproduced", "inconclusive"}
@@ -170,6 +175,14 @@ def test_tiny_end_to_end_verdicts_and_cache(tiny, capsys):
     for summary in out.glob("runs/mnist/*/seed*/summary.json"):
         s = json.loads(summary.read_text())
         finals[(s["label"], s["seed"])] = 100 * s["final_accuracy"]
+    # cells.json: every configuration's mean and CI over its seeds, from the same folders
+    cells = json.loads((out / "cells.json").read_text())
+    for cell in cells.values():
+        v = np.array([finals[(cell["label"], s)] for s in cell["seeds"]])
+        assert cell["final_accuracy"]["mean"] == pytest.approx(v.mean(), abs=1e-9)
+        half = 4.302652729911275 * v.std(ddof=1) / np.sqrt(3)
+        assert cell["final_accuracy"]["ci_high"] == pytest.approx(v.mean() + half, abs=1e-9)
+    assert len(cells) == len({label for label, _ in finals}) >= 3
     row = next(r for r in rows if r["baseline"] == "FedAvg (100%)")
     d = np.array([finals[(row["method"], s)] - finals[("FedAvg (100%)", s)] for s in range(3)])
     assert row["diff_mean"] == pytest.approx(d.mean(), abs=1e-6)

@@ -38,6 +38,7 @@ recomputed, and an interrupted one resumes from its checkpoint. At the end the s
 from __future__ import annotations
 
 import dataclasses
+import gc
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -152,6 +153,38 @@ def load_sweep(path: str | Path, out: str | Path) -> Sweep:
     return expand_sweep(read_config_file(path), out)
 
 
+def code_map_fraction() -> float | None:
+    """The process's memory mappings as a share of the kernel's limit (``vm.max_map_count``);
+    ``None`` where neither can be read (not Linux)."""
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            limit = int(f.read())
+        with open("/proc/self/maps") as f:
+            count = sum(1 for _ in f)
+    except (OSError, ValueError):
+        return None
+    return count / limit if limit > 0 else None
+
+
+def release_compiled_programs(threshold: float = 0.5) -> bool:
+    """Drops JAX's compiled programs when the process's memory mappings pass ``threshold`` of
+    the kernel's limit; returns whether it did.
+
+    XLA's CPU backend maps the machine code of every program it compiles, and JAX's caches keep
+    the programs of finished cells alive. A long reproduction (hundreds of cells with different
+    learning rates, each its own program) passed the default limit of 65,530 mappings, and LLVM
+    then failed (``Cannot allocate memory``) and the process crashed. Between groups of cells,
+    which share no program, dropping the caches costs nothing the next group would reuse."""
+    fraction = code_map_fraction()
+    if fraction is None or fraction < threshold:
+        return False
+    import jax
+
+    jax.clear_caches()
+    gc.collect()
+    return True
+
+
 def run_cells(
     cells: Sequence[Cell],
     *,
@@ -196,6 +229,7 @@ def run_cells(
             )
             for i, r in zip(members, out, strict=True):
                 results[i] = r
+            release_compiled_programs()
     finally:
         if bar is not None:
             bar.close()

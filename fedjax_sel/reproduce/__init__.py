@@ -6,9 +6,14 @@ modules are imported when the registry is first read.
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from fedjax_sel.base import ConfigError
 from fedjax_sel.registry import Registry
@@ -53,3 +58,40 @@ def output_dir(out: Path) -> Path:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     return out
+
+
+def run_reproduction(
+    name: str,
+    *,
+    out: Path | str,
+    profile: str = "paper",
+    size: str = "cpu",
+    seeds: int | None = None,
+    data_dir: str | None = None,
+    **options: Any,
+) -> dict:
+    """Runs reproduction ``name`` (``fedjax-sel reproduce NAME``) and returns its results.
+
+    Besides the reproduction's own files, writes ``out/run_info.json``: the arguments, the wall
+    time of the whole reproduction and the machine it ran on (how a full-size run's cost is
+    reported). ``seeds=None`` takes the reproduction's default."""
+    from fedjax_sel.bench.common import machine_info
+
+    out = output_dir(Path(out))
+    kw = {} if seeds is None else {"seeds": seeds}
+    start = time.perf_counter()
+    results = REPRODUCTIONS.build(
+        name, **kw, out=out, size=size, profile=profile, data_dir=data_dir, **options
+    )
+    info = {
+        "reproduction": name,
+        "profile": profile,
+        "size": size,
+        "seeds": seeds if seeds is not None else (results or {}).get("seeds"),
+        "options": {k: (list(v) if isinstance(v, tuple) else v) for k, v in options.items()},
+        "wall_seconds": round(time.perf_counter() - start, 1),
+        "machine": machine_info(),
+        "command": shlex.join(sys.argv) if sys.argv and "fedjax-sel" in sys.argv[0] else None,
+    }
+    (out / "run_info.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
+    return results

@@ -20,6 +20,7 @@ its 95% CI, against the paper's claimed difference ``D``:
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -102,6 +103,45 @@ class Claim:
     higher_is_better: bool = True
     scale: float = 100.0
     note: str = ""
+
+
+# ----------------------------------------------------------------------------- every cell
+# summary.json metrics written to cells.json (accuracies in %, as the tables print them)
+CELL_METRICS = {
+    "final_accuracy": 100.0,
+    "peak_accuracy": 100.0,
+    "stable_accuracy": 100.0,
+    "final_client_test_accuracy_mean": 100.0,
+    "final_test_loss": 1.0,
+}
+
+
+def summarize_cells(out: str | Path) -> dict[str, Any]:
+    """Every configuration run under ``out/runs`` (tuning runs included), read back from its
+    seeds' ``summary.json``: ``{"SETTING/LABEL": {"label", "seeds", METRIC: {"mean", "ci_low",
+    "ci_high"}}}``, accuracies in %. Written as ``out/cells.json`` by :meth:`Study.verdicts`
+    so that every number of a reproduction's ``tables.md`` is in a JSON file, also after the
+    per-seed run folders are deleted."""
+    runs = Path(out) / "runs"
+    groups: dict[str, list[dict]] = {}
+    for path in sorted(runs.glob("**/seed*/summary.json")):
+        key = path.parent.parent.relative_to(runs).as_posix()
+        groups.setdefault(key, []).append(json.loads(path.read_text()))
+    cells = {}
+    for key, summaries in groups.items():
+        summaries.sort(key=lambda x: x.get("seed", 0))
+        cell: dict[str, Any] = {
+            "label": summaries[0].get("label"),
+            "seeds": [x.get("seed") for x in summaries],
+        }
+        for metric, scale in CELL_METRICS.items():
+            v = [x[metric] for x in summaries if isinstance(x.get(metric), (int, float))]
+            v = [scale * x for x in v if math.isfinite(x)]
+            if v:
+                m, lo, hi = mean_ci(v)
+                cell[metric] = {"mean": m, "ci_low": lo, "ci_high": hi}
+        cells[key] = cell
+    return cells
 
 
 # ----------------------------------------------------------------------------- the study
@@ -247,6 +287,7 @@ class Study:
     def verdicts(self, claims: Sequence[Claim]) -> list[dict[str, Any]]:
         rows = [self.verdict_row(c) for c in claims]
         write_json(self.out / "verdicts.json", rows)
+        write_json(self.out / "cells.json", summarize_cells(self.out))
         return rows
 
 
