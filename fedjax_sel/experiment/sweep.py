@@ -153,7 +153,7 @@ def load_sweep(path: str | Path, out: str | Path) -> Sweep:
     return expand_sweep(read_config_file(path), out)
 
 
-def code_map_fraction() -> float | None:
+def memory_map_fraction() -> float | None:
     """The process's memory mappings as a share of the kernel's limit (``vm.max_map_count``);
     ``None`` where neither can be read (not Linux)."""
     try:
@@ -175,7 +175,7 @@ def release_compiled_programs(threshold: float = 0.5) -> bool:
     learning rates, each its own program) passed the default limit of 65,530 mappings, and LLVM
     then failed (``Cannot allocate memory``) and the process crashed. Between groups of cells,
     which share no program, dropping the caches costs nothing the next group would reuse."""
-    fraction = code_map_fraction()
+    fraction = memory_map_fraction()
     if fraction is None or fraction < threshold:
         return False
     import jax

@@ -6,7 +6,6 @@ modules are imported when the registry is first read.
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import sys
@@ -76,6 +75,7 @@ def run_reproduction(
     time of the whole reproduction and the machine it ran on (how a full-size run's cost is
     reported). ``seeds=None`` takes the reproduction's default."""
     from fedjax_sel.bench.common import machine_info
+    from fedjax_sel.experiment.outputs import write_json
 
     out = output_dir(Path(out))
     kw = {} if seeds is None else {"seeds": seeds}
@@ -88,10 +88,10 @@ def run_reproduction(
         "profile": profile,
         "size": size,
         "seeds": seeds if seeds is not None else (results or {}).get("seeds"),
-        "options": {k: (list(v) if isinstance(v, tuple) else v) for k, v in options.items()},
+        "options": options,
         "wall_seconds": round(time.perf_counter() - start, 1),
         "machine": machine_info(),
         "command": shlex.join(sys.argv) if sys.argv and "fedjax-sel" in sys.argv[0] else None,
     }
-    (out / "run_info.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
+    write_json(out / "run_info.json", info)
     return results
