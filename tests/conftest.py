@@ -26,6 +26,11 @@ os.environ["JAX_COMPILATION_CACHE_DIR"] = str(_JAX_CACHE)
 os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
 jax.config.update("jax_compilation_cache_dir", str(_JAX_CACHE))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+# The suite's programs are tiny and compiled once each, so compile time dominates: skip LLVM's
+# expensive passes (XLA's own graph passes still run; results stay deterministic, and every
+# comparison a test makes is between programs built alike). Subprocesses inherit it.
+os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1"
+jax.config.update("jax_disable_most_optimizations", True)
 
 
 def pytest_unconfigure(config):

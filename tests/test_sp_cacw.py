@@ -355,9 +355,11 @@ def test_same_seed_same_results_and_targets_are_independent(planted_runs):
     np.testing.assert_array_equal(log_a.alpha, log_b.alpha)
     every = PersonalizedSimulation(ds, linreg(), cfg)
     full, _ = every.run_epochs(every.init(0), 20)
-    np.testing.assert_allclose(sub.weights(a), every.weights(full)[[5, 2]], rtol=1e-4, atol=1e-5)
+    # 20 epochs of float drift between the two programs (3e-5 seen on an AMD EPYC); a wrong
+    # target's row differs by far more (up to 0.43 here)
+    np.testing.assert_allclose(sub.weights(a), every.weights(full)[[5, 2]], rtol=1e-3, atol=1e-4)
     np.testing.assert_allclose(
-        sub.evaluate(a)["test_loss"], every.evaluate(full)["test_loss"][[5, 2]], rtol=1e-4
+        sub.evaluate(a)["test_loss"], every.evaluate(full)["test_loss"][[5, 2]], rtol=1e-3
     )
 
 
