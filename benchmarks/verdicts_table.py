@@ -68,7 +68,9 @@ def rows() -> tuple[list[str], list[str], Counter]:
 
 def summary(counts: Counter) -> list[str]:
     out = []
-    for paper, profile, size in sorted({k[:3] for k in counts}, key=lambda k: PAPERS.index(k[0])):
+    for paper, profile, size in sorted(
+        {k[:3] for k in counts}, key=lambda k: (PAPERS.index(k[0]), k)
+    ):
         n = [counts[(paper, profile, size, v)] for v in VERDICT]
         out.append(f"| {paper} | {profile}, {size} | {sum(n)} | {n[0]} | {n[2]} | {n[1]} |")
     return out
@@ -189,7 +191,9 @@ Each run's options (beside its profile and size), its wall time from start to th
 tables, and the machine (`run_info.json`, written by every `fedjax-sel reproduce` since it
 existed; the earlier `cpu` runs did not record theirs). A run resumed into its folder records
 the resumed part only: `ca_fed/code-paper` reused its Synthetic tuning (105 cells) from an
-earlier attempt ([ca_fed.md](ca_fed.md)).
+earlier attempt, `ca_fed/paper-paper` 9 of its 15 tuning cells ([ca_fed.md](ca_fed.md)). The
+machines differ between sessions (an Intel Xeon, later an AMD EPYC, both 2 cores); compare wall
+times within one session only.
 
 {runs}
 """

@@ -128,6 +128,43 @@ def test_learning_rate_option():
         )
 
 
+def test_tuning_grid_option(monkeypatch, tmp_path):
+    """``client_lrs``/``server_lrs`` replace the size's grid (strings as the CLI gives them),
+    AdaFed keeps its fixed server rate under the code profile, and a bad grid is named."""
+    full, paper, code = rep.SCALES["paper"], rep.PROFILES["paper"], rep.PROFILES["code"]
+    small = rep.with_grid(full, (0.1, 0.03), (1.0, 0.3))
+    assert rep.grid("unbiased", paper, small) == [(0.1, 1.0), (0.1, 0.3), (0.03, 1.0), (0.03, 0.3)]
+    assert rep.grid("adafed", code, small) == [(0.1, 1.0), (0.03, 1.0)]
+    assert rep.with_grid(full, None, (1.0,)).client_lrs == full.client_lrs
+    for bad in ((), (0.1, -1.0)):
+        with pytest.raises(ConfigError, match="client_lrs must be positive"):
+            rep.with_grid(full, bad)
+
+    class Stop(Exception):
+        pass
+
+    seen = {}
+
+    def stop(datasets, strategies, profile, scale, out, **kw):
+        seen["scale"] = scale
+        raise Stop
+
+    monkeypatch.setattr(rep, "learning_rates", stop)
+    with pytest.raises(Stop):
+        REPRODUCTIONS.build(
+            "ca-fed",
+            seeds=10,
+            out=tmp_path,
+            size="paper",
+            profile="paper",
+            parts="fig1_synthetic",
+            client_lrs="0.1/0.03",
+            server_lrs="1",
+        )
+    assert (seen["scale"].client_lrs, seen["scale"].server_lrs) == ((0.1, 0.03), (1.0,))
+    assert seen["scale"].tune_rounds == full.tune_rounds
+
+
 def _fake_run(records, summary=None):
     return Run(Path("."), "x", "", 0, summary or {}, records)
 

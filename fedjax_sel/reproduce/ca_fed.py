@@ -41,7 +41,8 @@ Both profiles: 2 local epochs (the code's; the paper does not say), batch 32 (Sy
 (MNIST), ``alpha_k = n_k / n``, data seed 0, learning rates tuned per method and data set on
 the code's grid (client ``{0.1, 0.03, 0.01, 0.003, 0.001}`` x server ``{1, 0.3, 0.1, 0.03,
 0.01}``) by the mean test accuracy over the last 40% of a tuning run on seeds 1000+ (the
-reported seeds are 0..S-1); ``tune=false`` with ``lrs=...`` skips tuning.
+reported seeds are 0..S-1); ``tune=false`` with ``lrs=...`` skips tuning; ``client_lrs=...`` and
+``server_lrs=...`` tune on another grid.
 
 Sizes: ``paper``: the paper's N, T and data; the full grid for every method.
 ``cpu`` (minutes on a CPU): N = 100, T = 60 (Fig. 2a: 60, so Fig. 2a's "t = 500" claim is read
@@ -237,6 +238,23 @@ SCALES = {
         True,
     ),
 }
+
+
+def with_grid(
+    scale: Scale,
+    client_lrs: tuple[float, ...] | None = None,
+    server_lrs: tuple[float, ...] | None = None,
+) -> Scale:
+    """``scale`` with its tuning grid replaced where given (the ``client_lrs``/``server_lrs``
+    options); a :class:`ConfigError` names a grid that is empty or not positive."""
+    for name, values in (("client_lrs", client_lrs), ("server_lrs", server_lrs)):
+        if values is not None and (not values or not all(v > 0 for v in values)):
+            raise ConfigError(f"ca-fed: {name} must be positive learning rates, got {values}")
+    return dataclasses.replace(
+        scale,
+        client_lrs=tuple(client_lrs) if client_lrs is not None else scale.client_lrs,
+        server_lrs=tuple(server_lrs) if server_lrs is not None else scale.server_lrs,
+    )
 
 
 def fig1_rounds(profile: Profile, scale: Scale) -> int:
@@ -984,6 +1002,8 @@ def run(
     methods: tuple[str, ...] = STRATEGIES,
     tune: bool = True,
     lrs: str | None = None,
+    client_lrs: tuple[float, ...] | None = None,
+    server_lrs: tuple[float, ...] | None = None,
 ) -> dict:
     """Runs the parts (see the module docstring) at ``size`` under ``profile`` and writes
     ``results.json``, ``tables.md``, ``verdicts.json`` and plots under ``out``.
@@ -992,12 +1012,13 @@ def run(
     code profile only), ``methods`` (the strategies of Figs. 1 and 5d), ``tune`` (grid-search
     the learning rates; ``false``: ``lrs`` and, under the code profile, the code's published
     values), ``lrs`` (``DATASET.STRATEGY=CLIENT/SERVER`` entries separated by ``;``, used as
-    given; e.g. ``synthetic.ca_fed=0.01/0.3;mnist.ca_fed=0.001/0.1``)."""
+    given; e.g. ``synthetic.ca_fed=0.01/0.3;mnist.ca_fed=0.001/0.1``), ``client_lrs`` and
+    ``server_lrs`` (the tuning grid in place of the size's, e.g. ``client_lrs=0.1/0.03``)."""
     check_profile_size("ca-fed", profile, size, seeds, 10)
     parts = select_parts("ca-fed", parts, "FEDJAX_SEL_CA_FED_PARTS", PARTS, PARTS)
     if not methods or set(methods) - set(STRATEGIES):
         raise ConfigError(f"ca-fed: methods must be among {STRATEGIES}, got {methods}")
-    prof, scale = PROFILES[profile], SCALES[size]
+    prof, scale = PROFILES[profile], with_grid(SCALES[size], client_lrs, server_lrs)
     if profile == "paper":
         parts = tuple(p for p in parts if p != "control")
     out = output_dir(out)
