@@ -95,7 +95,8 @@ def runs() -> tuple[list[str], list[str]]:
                 continue
             files.append(str(info_path.relative_to(ROOT)))
             info = json.loads(info_path.read_text())
-            opts = ", ".join(f"{k}={v}" for k, v in info["options"].items() if k != "lrs") or "-"
+            # code spans: options are arguments, not measurements (the docs' number check)
+            opts = ", ".join(f"`{k}={v}`" for k, v in info["options"].items() if k != "lrs") or "-"
             if "lrs" in info["options"]:
                 opts += ", learning rates given"
             lines.append(
