@@ -55,3 +55,24 @@ def test_every_registered_kernel_runs_at_a_small_size_with_finite_outputs(name):
     out = jax.jit(fn)(*args)
     leaves = [x for x in jax.tree.leaves(out) if jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating)]
     assert all(bool(jnp.all(jnp.isfinite(x) | jnp.isinf(x) & (x < 0))) for x in leaves), name
+
+
+def test_cpu_model_is_recorded(tmp_path):
+    """Benchmark JSON names the CPU model, not only the architecture: an Intel Xeon and an AMD
+    EPYC are both ``x86_64`` and differ in speed."""
+    import platform
+
+    from fedjax_sel.bench.common import cpu_model, machine_info
+
+    info = tmp_path / "cpuinfo"
+    info.write_text(
+        "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) CPU @ 2.20GHz\n"
+        "\nprocessor\t: 1\nmodel name\t: Intel(R) Xeon(R) CPU @ 2.20GHz\n"
+    )
+    assert cpu_model(info) == "Intel(R) Xeon(R) CPU @ 2.20GHz"
+    fallback = platform.processor() or platform.machine()
+    assert cpu_model(tmp_path / "missing") == fallback  # no /proc (macOS, Windows)
+    (tmp_path / "blank").write_text("processor\t: 0\nmodel name\t:\n")
+    assert cpu_model(tmp_path / "blank") == fallback
+    recorded = machine_info()["cpu_model"]
+    assert isinstance(recorded, str) and recorded
