@@ -78,7 +78,10 @@ def summary(counts: Counter) -> list[str]:
 
 def _machine(m: dict) -> str:
     kind = "CPU" if m["backend"] == "cpu" else m["device_kind"]
-    return f"{m['num_devices']} x {kind}, {m['cpu_count']} cores, jax `{m['jax_version']}`"
+    # runs before machine_info() recorded the CPU model have only the architecture
+    model = f" ({m['cpu_model']})" if m.get("cpu_model") else ""
+    cpu = f"{m['cpu_count']} cores{model}"
+    return f"{m['num_devices']} x {kind}, {cpu}, jax `{m['jax_version']}`"
 
 
 def runs() -> tuple[list[str], list[str]]:
@@ -192,9 +195,10 @@ Each run's options (beside its profile and size), its wall time from start to th
 tables, and the machine (`run_info.json`, written by every `fedjax-sel reproduce` since it
 existed; the earlier `cpu` runs did not record theirs). A run resumed into its folder records
 the resumed part only: `ca_fed/code-paper` reused its Synthetic tuning (105 cells) from an
-earlier attempt, `ca_fed/paper-paper` 9 of its 15 tuning cells ([ca_fed.md](ca_fed.md)). The
-machines differ between sessions (an Intel Xeon, later an AMD EPYC, both 2 cores); compare wall
-times within one session only.
+earlier attempt, `ca_fed/paper-paper` 38 of its 70 tuning cells and three of its five methods'
+runs ([ca_fed.md](ca_fed.md)). The machines differ between sessions (an Intel Xeon, later an AMD
+EPYC, both 2 cores); runs since `run_info.json` recorded the CPU model name it in brackets.
+Compare wall times on one machine only.
 
 {runs}
 """
