@@ -196,7 +196,8 @@ tables, and the machine (`run_info.json`, written by every `fedjax-sel reproduce
 existed; the earlier `cpu` runs did not record theirs). A run resumed into its folder records
 the resumed part only: `ca_fed/code-paper` reused its Synthetic tuning (105 cells) from an
 earlier attempt, `ca_fed/paper-paper` 38 of its 70 tuning cells and three of its five methods'
-runs ([ca_fed.md](ca_fed.md)). The machines differ between sessions (an Intel Xeon, later an AMD
+runs, `ca_fed/paper-paper-mnist` the tuning and runs of CA-Fed, Unbiased and AdaFed
+([ca_fed.md](ca_fed.md)). The machines differ between sessions (an Intel Xeon, later an AMD
 EPYC, both 2 cores); runs since `run_info.json` recorded the CPU model name it in brackets.
 Compare wall times on one machine only.
 
