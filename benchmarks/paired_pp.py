@@ -10,8 +10,9 @@ times 100, so that the docs can cite the numbers they print.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
+
+from fedjax_sel.experiment import read_json, write_json
 
 
 def diff_pp(rows: list[dict]) -> list[dict]:
@@ -34,9 +35,8 @@ def main(argv: list[str] | None = None) -> Path:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("comparison", type=Path, help="a comparison.json written by fedjax-sel compare")
     args = p.parse_args(argv)
-    rows = diff_pp(json.loads(args.comparison.read_text()))
-    out = args.comparison.with_name("diff_pp.json")
-    out.write_text(json.dumps(rows, indent=2) + "\n")
+    rows = diff_pp(read_json(args.comparison))
+    out = write_json(args.comparison.with_name("diff_pp.json"), rows)
     for r in rows:
         print(
             f"{r['setting']}: {r['strategy']} - {r['baseline']} = {r['diff']:+.2f} "

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from fedjax_sel.base import ConfigError
 from fedjax_sel.cli import main
 from fedjax_sel.experiment import compare
 from fedjax_sel.experiment.compare import bootstrap_ci, mean_ci, paired_stats
@@ -193,3 +194,5 @@ def test_paired_pp_script_converts_differences_to_points(tmp_path):
     assert row["strategy"] == "B" and row["pairs"] == 5
     assert row["diff"] == pytest.approx(-1.25)
     assert (row["diff_ci_low"], row["diff_ci_high"]) == pytest.approx((-2.0, -0.5))
+    with pytest.raises(ConfigError, match="does not exist"):
+        paired_pp.main([str(tmp_path / "missing" / "comparison.json")])
