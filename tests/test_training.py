@@ -409,3 +409,23 @@ def test_client_losses_in_size_groups_match_numpy():
             z = z - z.max(1, keepdims=True)
             ref = np.mean(np.log(np.exp(z).sum(1)) - z[np.arange(len(ys[c])), ys[c]])
             np.testing.assert_allclose(got[i], ref, rtol=2e-5, err_msg=f"{layout} slot {i}")
+
+
+def test_radix_argsort_matches_a_stable_argsort_with_ties():
+    """The LSD radix argsort behind the epoch permutation against NumPy's stable argsort, on
+    keys with many ties (two and three passes), and the epoch positions against the plain
+    argsort of the uniform keys they replaced."""
+    from fedjax_sel.training.local import stable_argsort_uint
+
+    rng = np.random.default_rng(0)
+    for n, hi in ((1, 2), (300, 7), (20000, 2**23 + 1), (1 << 21, 2**24)):
+        keys = rng.integers(0, hi, n).astype(np.uint32)
+        got = np.asarray(stable_argsort_uint(jnp.asarray(keys), key_bits=24))
+        np.testing.assert_array_equal(got, np.argsort(keys, kind="stable"))
+    key, n_max = jax.random.key(3), 1000
+    for count in (0, 1, 999, 1000):
+        u = np.asarray(jax.random.uniform(key, (n_max,)))
+        u = np.where(np.arange(n_max) < count, u, 2.0)
+        want = np.pad(np.argsort(u, kind="stable"), (0, 8), constant_values=n_max)
+        got = np.asarray(epoch_positions(key, jnp.int32(count), n_max, 16)).reshape(-1)
+        np.testing.assert_array_equal(got, want)
