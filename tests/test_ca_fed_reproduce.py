@@ -165,6 +165,29 @@ def test_tuning_grid_option(monkeypatch, tmp_path):
     assert seen["scale"].tune_rounds == full.tune_rounds
 
 
+def test_fig2a_kappas_option(monkeypatch, tmp_path):
+    """``kappas`` picks Fig. 2a's kappa_bar^2 runs (a CLI string, sorted, duplicates dropped);
+    a set without the two values the claims read is named."""
+    added = []
+
+    class Stop(Exception):
+        pass
+
+    def add(rep_, *a, **kw):
+        added.extend(kappa for kappa in rep_.kappas)
+        raise Stop
+
+    monkeypatch.setattr(rep, "learning_rates", lambda *a, **kw: ({}, {}))
+    monkeypatch.setattr(rep, "add_fig2a", add)
+    opts = dict(seeds=10, out=tmp_path, size="paper", profile="paper", parts="fig2a")
+    with pytest.raises(Stop):
+        REPRODUCTIONS.build("ca-fed", kappas="100/0.1/100", **opts)
+    assert added == [0.1, 100.0]
+    for bad in ("0.1/10", "0.1/100/-1"):
+        with pytest.raises(ConfigError, match="kappas must be positive and hold 0.1 and 100"):
+            REPRODUCTIONS.build("ca-fed", kappas=bad, **opts)
+
+
 def _fake_run(records, summary=None):
     return Run(Path("."), "x", "", 0, summary or {}, records)
 

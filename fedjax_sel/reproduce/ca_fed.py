@@ -754,6 +754,7 @@ class Reproduction:
     lrs: dict[tuple[str, str], tuple[float, float]] = dataclasses.field(default_factory=dict)
     results: dict[str, Any] = dataclasses.field(default_factory=dict)
     md: list[str] = dataclasses.field(default_factory=list)
+    kappas: tuple[float, ...] = KAPPAS  # Fig. 2a's kappa_bar^2 values run
 
     @property
     def labels(self) -> list[str]:
@@ -824,7 +825,7 @@ def add_fig1(rep: Reproduction, dataset: str) -> None:
 
 def add_fig2a(rep: Reproduction) -> None:
     rounds = fig2_rounds(rep.scale)
-    for x in KAPPAS:
+    for x in rep.kappas:
         config = rep.config("ca_fed", "synthetic", rounds=rounds, kappa=x)
         rep.study.add("synthetic fig2a", kappa_label(x), config)
     for s in ("unbiased", "more_available"):
@@ -905,7 +906,7 @@ def report_fig1d(rep: Reproduction, out: Path) -> None:
 
 def report_fig2a(rep: Reproduction, out: Path) -> None:
     t2 = fig2_rounds(rep.scale)
-    labels = [kappa_label(x) for x in KAPPAS] + ["Unbiased", "More available"]
+    labels = [kappa_label(x) for x in rep.kappas] + ["Unbiased", "More available"]
     rows = []
     for lab in labels:
         m = mechanism_row(rep.study.runs("synthetic fig2a", lab))
@@ -1004,6 +1005,7 @@ def run(
     lrs: str | None = None,
     client_lrs: tuple[float, ...] | None = None,
     server_lrs: tuple[float, ...] | None = None,
+    kappas: tuple[float, ...] = KAPPAS,
 ) -> dict:
     """Runs the parts (see the module docstring) at ``size`` under ``profile`` and writes
     ``results.json``, ``tables.md``, ``verdicts.json`` and plots under ``out``.
@@ -1013,11 +1015,18 @@ def run(
     the learning rates; ``false``: ``lrs`` and, under the code profile, the code's published
     values), ``lrs`` (``DATASET.STRATEGY=CLIENT/SERVER`` entries separated by ``;``, used as
     given; e.g. ``synthetic.ca_fed=0.01/0.3;mnist.ca_fed=0.001/0.1``), ``client_lrs`` and
-    ``server_lrs`` (the tuning grid in place of the size's, e.g. ``client_lrs=0.1/0.03``)."""
+    ``server_lrs`` (the tuning grid in place of the size's, e.g. ``client_lrs=0.1/0.03``),
+    ``kappas`` (Fig. 2a's ``kappa_bar^2`` values, default ``0.01/0.1/1/10/100``; its two claims
+    read 0.1 and 100, so both must be among them)."""
     check_profile_size("ca-fed", profile, size, seeds, 10)
     parts = select_parts("ca-fed", parts, "FEDJAX_SEL_CA_FED_PARTS", PARTS, PARTS)
     if not methods or set(methods) - set(STRATEGIES):
         raise ConfigError(f"ca-fed: methods must be among {STRATEGIES}, got {methods}")
+    if not {0.1, 100.0} <= set(kappas) or not all(x > 0 for x in kappas):
+        raise ConfigError(
+            f"ca-fed: kappas must be positive and hold 0.1 and 100 (Fig. 2a's claims read "
+            f"them), got {kappas}"
+        )
     prof, scale = PROFILES[profile], with_grid(SCALES[size], client_lrs, server_lrs)
     if profile == "paper":
         parts = tuple(p for p in parts if p != "control")
@@ -1029,6 +1038,7 @@ def run(
         Study("ca_fed", profile=profile, size=size, seeds=seeds, out=out),
         tuple(s for s in STRATEGIES if s in methods),
         {},
+        kappas=tuple(sorted(set(kappas))),
     )
     rep.results.update(
         profile=dataclasses.asdict(prof),
@@ -1037,6 +1047,7 @@ def run(
         seeds=seeds,
         parts=list(parts),
         methods=list(rep.methods),
+        kappas=list(rep.kappas),
     )
 
     def optima_for(clients: int) -> tuple[float, ...]:
