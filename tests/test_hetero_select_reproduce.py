@@ -12,6 +12,7 @@ import jax
 import numpy as np
 import pytest
 
+from fedjax_sel.base import ConfigError
 from fedjax_sel.experiment import run_group
 from fedjax_sel.models import make_model
 from fedjax_sel.reproduce import REPRODUCTIONS, run_reproduction
@@ -189,8 +190,8 @@ def test_tiny_end_to_end_verdicts_and_cache(tiny, capsys):
     half = 4.302652729911275 * d.std(ddof=1) / np.sqrt(3)  # t(0.975, 2)
     assert row["diff_ci_high"] - row["diff_ci_low"] == pytest.approx(2 * half, rel=1e-6)
     capsys.readouterr()
-    # rerun: every cell is reused
-    REPRODUCTIONS.build(
+    # rerun: every cell is reused, and run_info.json keeps the first run under earlier_runs
+    run_reproduction(
         "hetero-select",
         seeds=3,
         out=out,
@@ -200,6 +201,15 @@ def test_tiny_end_to_end_verdicts_and_cache(tiny, capsys):
         tables=("II",),
     )
     assert "9 of 9 cells already finished; reusing them" in capsys.readouterr().out
+    second = json.loads((out / "run_info.json").read_text())
+    assert second["earlier_runs"] == [info] and "earlier_runs" not in info
+    total = info["wall_seconds"] + second["wall_seconds"]
+    assert second["total_wall_seconds"] == pytest.approx(total, abs=0.051)
+    # a record that is not a reproduction's stops the next run before it starts, naming it
+    (out / "run_info.json").write_text('{"options": {}}')
+    with pytest.raises(ConfigError, match=r"run_info\.json.*not a reproduction's run record"):
+        run_reproduction("hetero-select", seeds=3, out=out, size="cpu", data_dir=tiny / "data")
+    (out / "run_info.json").write_text(json.dumps(second))
     # a changed size (rounds) is not served from the cache
     hsr.SCALES["cpu"] = hsr.Scale("cpu", 2, 2, 1, 1, 16, 0.1, "logreg", 0.5)
     REPRODUCTIONS.build(

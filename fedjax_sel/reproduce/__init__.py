@@ -73,11 +73,15 @@ def run_reproduction(
 
     Besides the reproduction's own files, writes ``out/run_info.json``: the arguments, the wall
     time of the whole reproduction and the machine it ran on (how a full-size run's cost is
-    reported). ``seeds=None`` takes the reproduction's default."""
+    reported). A run into a folder that already holds one (resuming it, or adding parts) keeps
+    the earlier runs' records under ``earlier_runs`` and their summed cost with this one's in
+    ``total_wall_seconds``. ``seeds=None`` takes the reproduction's default."""
     from fedjax_sel.bench.common import machine_info
     from fedjax_sel.experiment.outputs import write_json
 
     out = output_dir(Path(out))
+    # read before the run: a malformed record stops it now, not after hours of work
+    earlier = earlier_runs(out / "run_info.json")
     kw = {} if seeds is None else {"seeds": seeds}
     start = time.perf_counter()
     results = REPRODUCTIONS.build(
@@ -93,5 +97,25 @@ def run_reproduction(
         "machine": machine_info(),
         "command": shlex.join(sys.argv) if sys.argv and "fedjax-sel" in sys.argv[0] else None,
     }
+    if earlier:
+        info["earlier_runs"] = earlier
+        info["total_wall_seconds"] = round(
+            sum(r["wall_seconds"] for r in earlier) + info["wall_seconds"], 1
+        )
     write_json(out / "run_info.json", info)
     return results
+
+
+def earlier_runs(path: Path) -> list[dict]:
+    """The records of every run into ``path``'s folder so far, oldest first (``[]`` when it
+    holds none); a :class:`ConfigError` names a record that is not a reproduction's."""
+    from fedjax_sel.experiment.outputs import read_json
+
+    if not path.exists():
+        return []
+    last = read_json(path)
+    if not isinstance(last, dict) or not isinstance(last.get("wall_seconds"), int | float):
+        raise ConfigError(f"{str(path)!r} is not a reproduction's run record (no wall_seconds)")
+    history = last.pop("earlier_runs", [])
+    last.pop("total_wall_seconds", None)
+    return [*history, last]
