@@ -97,16 +97,24 @@ def runs() -> tuple[list[str], list[str]]:
                 lines.append(f"| {paper} | {folder.name} | {seeds} | - | not recorded | - |")
                 continue
             files.append(str(info_path.relative_to(ROOT)))
-            info = json.loads(info_path.read_text())
-            # code spans: options are arguments, not measurements (the docs' number check)
-            opts = ", ".join(f"`{k}={v}`" for k, v in info["options"].items() if k != "lrs") or "-"
-            if "lrs" in info["options"]:
-                opts += ", learning rates given"
-            lines.append(
-                f"| {paper} | {folder.name} | {seeds} | {opts} | {info['wall_seconds']:.1f} s | "
-                f"{_machine(info['machine'])} |"
-            )
+            last = json.loads(info_path.read_text())
+            # every run into the folder, oldest first (run_info.json keeps the earlier ones)
+            history = [*last.get("earlier_runs", []), last]
+            for i, info in enumerate(history, 1):
+                name = folder.name
+                if len(history) > 1:
+                    name += f" ({i} of {len(history)})"
+                lines.append(
+                    f"| {paper} | {name} | {seeds} | {_options(info['options'])} | "
+                    f"{info['wall_seconds']:.1f} s | {_machine(info['machine'])} |"
+                )
     return files, lines
+
+
+def _options(options: dict) -> str:
+    # code spans: options are arguments, not measurements (the docs' number check)
+    text = ", ".join(f"`{k}={v}`" for k, v in options.items() if k != "lrs") or "-"
+    return text + (", learning rates given" if "lrs" in options else "")
 
 
 def runs_table() -> str:
@@ -193,10 +201,13 @@ Notes the runs attach to their claims:
 
 Each run's options (beside its profile and size), its wall time from start to the written
 tables, and the machine (`run_info.json`, written by every `fedjax-sel reproduce` since it
-existed; the earlier `cpu` runs did not record theirs). A run resumed into its folder records
-the resumed part only: `ca_fed/code-paper` reused its Synthetic tuning (105 cells) from an
-earlier attempt, `ca_fed/paper-paper` 38 of its 70 tuning cells and three of its five methods'
-runs, `ca_fed/paper-paper-mnist` the tuning and runs of CA-Fed, Unbiased and AdaFed
+existed; the earlier `cpu` runs did not record theirs). Several runs into one folder (a
+resumed run, or one that adds parts or grid points and reuses the finished cells) are listed in
+order, each with the time of its own part (`run_info.json` keeps the earlier runs since
+`earlier_runs` existed). Parts reused from attempts before that are not counted:
+`ca_fed/code-paper` reused its Synthetic tuning (105 cells) from an earlier attempt,
+`ca_fed/paper-paper`'s first run 38 of its 70 tuning cells and three of its five methods' runs,
+`ca_fed/paper-paper-mnist` the tuning and runs of CA-Fed, Unbiased and AdaFed
 ([ca_fed.md](ca_fed.md)). The machines differ between sessions (an Intel Xeon, later an AMD
 EPYC, both 2 cores); runs since `run_info.json` recorded the CPU model name it in brackets.
 Compare wall times on one machine only.
