@@ -139,6 +139,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
         at_rounds=a.at_round or (),
         targets=a.target or (),
         time_targets=a.time_to or (),
+        percent=a.percent,
         out=a.out,
     )
     if a.out:
@@ -376,6 +377,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--at-round", type=int, action="append", help="accuracy at round R")
     p.add_argument("--target", type=float, action="append", help="rounds to accuracy A")
     p.add_argument("--time-to", type=float, action="append", help="simulated seconds to accuracy A")
+    p.add_argument(
+        "--percent",
+        action="store_true",
+        help="accuracies in %% and their differences in percentage points (targets stay fractions)",
+    )
     p.add_argument("--out", default=None, help="write comparison.json/csv/md/png here")
     p.set_defaults(func=cmd_compare)
 

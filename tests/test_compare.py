@@ -133,6 +133,35 @@ def test_cli_compare_and_missing_baseline(planted, tmp_path, capsys):
     assert "baseline 'nope' not found" in capsys.readouterr().err
 
 
+def test_percent_reports_accuracies_in_percent_and_differences_in_points(planted, tmp_path):
+    """``--percent``: accuracies x 100 (differences in pp, as papers quote them), losses and
+    rounds-to-target untouched, and the unit named in every row and in the table."""
+    root, values = planted
+    argv = ["compare", str(root), "--baseline", "base", "--metric", "final_accuracy"]
+    argv += ["--metric", "final_test_loss", "--at-round", "20", "--target", "0.75"]
+    assert main([*argv, "--percent", "--out", str(tmp_path)]) == 0
+    by = {
+        (r["strategy"], r["metric"]): r
+        for r in json.loads((tmp_path / "comparison.json").read_text())
+    }
+    d = 100 * (values["better"] - values["base"])
+    lo, hi = stats.t.interval(0.95, SEEDS - 1, loc=d.mean(), scale=stats.sem(d))
+    r = by[("better", "final_accuracy")]
+    assert r["unit"] == "percent" and r["mean"] == pytest.approx(100 * np.mean(values["better"]))
+    assert (r["diff"], r["diff_ci_low"], r["diff_ci_high"]) == pytest.approx((d.mean(), lo, hi))
+    assert r["diff_boot_ci_low"] <= d.mean() <= r["diff_boot_ci_high"] and r["win_rate"] == 1.0
+    at20 = by[("better", "accuracy@20")]
+    assert at20["unit"] == "percent"
+    assert at20["mean"] == pytest.approx(100 * (np.mean(values["better"]) - 0.1))
+    loss = by[("better", "final_test_loss")]
+    assert loss["unit"] is None and loss["diff"] == pytest.approx(-d.mean() / 100)
+    reached = by[("better", "rounds_to:0.75")]  # the target stays a fraction
+    assert reached["unit"] is None and reached["seeds"] == int(np.sum(values["better"] >= 0.75))
+    table = (tmp_path / "comparison.md").read_text()
+    assert "in %, differences in percentage points" in table
+    assert f"{d.mean():+.2f} [{lo:+.2f}, {hi:+.2f}]" in table
+
+
 @pytest.mark.parametrize(
     "lo, hi, claimed, want",
     [

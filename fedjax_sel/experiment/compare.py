@@ -185,6 +185,13 @@ def metric_value(run: Run, metric: str) -> float | None:
     return None if v is None or not isinstance(v, (int, float)) else float(v)
 
 
+def is_accuracy(metric: str) -> bool:
+    """An accuracy (a fraction in ``[0, 1]``): what ``percent=True`` reports times 100."""
+    if metric.startswith(("rounds_to:", "time_to:")):
+        return False
+    return metric.startswith("accuracy@") or "accuracy" in metric
+
+
 def higher_is_better(metric: str) -> bool:
     if metric.startswith("rounds_to:") or metric.startswith("time_to"):
         return False
@@ -201,6 +208,7 @@ def compare(
     at_rounds: Sequence[int] = (),
     targets: Sequence[float] = (),
     time_targets: Sequence[float] = (),
+    percent: bool = False,
     out: str | Path | None = None,
     echo=print,
 ) -> list[dict[str, Any]]:
@@ -215,6 +223,9 @@ def compare(
       targets: add ``rounds_to:A`` for each accuracy A.
       time_targets: add ``time_to:A`` (simulated seconds to accuracy A; runs with a system
         model) for each A.
+      percent: report accuracies (metrics named ``*accuracy*`` and ``accuracy@R``) in percent,
+        so their differences are percentage points, as papers quote them; each row's ``unit``
+        says ``"percent"`` where applied. ``targets`` stay fractions.
       out: folder for comparison.json/csv/md/png (nothing written when ``None``).
 
     Returns:
@@ -247,9 +258,15 @@ def compare(
             seeds[r.seed] = r
         for metric in metrics:
             better = higher_is_better(metric)
-            base_values = {s: metric_value(r, metric) for s, r in by_label[base].items()}
+            scale = 100.0 if percent and is_accuracy(metric) else None
+
+            def value(run: Run, metric: str = metric, scale: float | None = scale):
+                v = metric_value(run, metric)
+                return v if v is None or scale is None else scale * v
+
+            base_values = {s: value(r) for s, r in by_label[base].items()}
             for label in [base] + [x for x in labels if x != base]:
-                values = {s: metric_value(r, metric) for s, r in by_label[label].items()}
+                values = {s: value(r) for s, r in by_label[label].items()}
                 have = {s: v for s, v in values.items() if v is not None}
                 if not have:
                     continue
@@ -266,6 +283,7 @@ def compare(
                     "std": float(np.std(list(have.values()), ddof=1)) if len(have) > 1 else None,
                     "higher_is_better": better,
                     "baseline": base,
+                    "unit": "percent" if scale else None,
                 }
                 none = dict.fromkeys(
                     (
@@ -320,32 +338,36 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         part = [r for r in rows if r["setting"] == setting and r["metric"] == metric]
         title = f"### {metric}" + (f" ({setting})" if setting else "")
         arrow = "higher is better" if part[0]["higher_is_better"] else "lower is better"
+        unit = " (in %, differences in percentage points)" if part[0].get("unit") else ""
         out += [
             title,
             "",
-            f"mean over seeds with 95% CI; paired difference against {part[0]['baseline']} "
-            f"with its 95% CI (t; bootstrap in brackets); {arrow}",
+            f"mean over seeds with 95% CI{unit}; paired difference against "
+            f"{part[0]['baseline']} with its 95% CI (t; bootstrap in brackets); {arrow}",
             "",
             "| strategy | seeds | mean [95% CI] | diff [95% CI] | bootstrap CI | p | win rate |",
             "|---|---:|---|---|---|---:|---:|",
         ]
         for r in part:
-            ci = f"[{_fmt(r['ci_low'])}, {_fmt(r['ci_high'])}]" if r["ci_low"] is not None else ""
+            n = 2 if r.get("unit") else 4  # digits: percent to 0.01, fractions to 0.0001
+            ci = ""
+            if r["ci_low"] is not None:
+                ci = f"[{_fmt(r['ci_low'], n)}, {_fmt(r['ci_high'], n)}]"
             if r["diff"] is None:
                 diff = boot = p = win = "-"
             else:
-                diff = f"{r['diff']:+.4f}"
+                diff = f"{r['diff']:+.{n}f}"
                 if r["diff_ci_low"] is not None:
-                    diff += f" [{r['diff_ci_low']:+.4f}, {r['diff_ci_high']:+.4f}]"
+                    diff += f" [{r['diff_ci_low']:+.{n}f}, {r['diff_ci_high']:+.{n}f}]"
                 boot = (
-                    f"[{r['diff_boot_ci_low']:+.4f}, {r['diff_boot_ci_high']:+.4f}]"
+                    f"[{r['diff_boot_ci_low']:+.{n}f}, {r['diff_boot_ci_high']:+.{n}f}]"
                     if r["diff_boot_ci_low"] is not None
                     else "-"
                 )
                 p = _fmt(r["p_value"], 3)
                 win = f"{r['win_rate']:.2f}"
             out.append(
-                f"| {r['strategy']} | {r['seeds']} | {r['mean']:.4f} {ci} | {diff} | {boot} | "
+                f"| {r['strategy']} | {r['seeds']} | {r['mean']:.{n}f} {ci} | {diff} | {boot} | "
                 f"{p} | {win} |"
             )
         out.append("")
