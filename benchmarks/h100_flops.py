@@ -40,22 +40,24 @@ def recount(files: list[Path]) -> list[dict]:
             flops = analytic_flops_per_update(r["model"], r["batch_size"], r["local_steps"])
             engine_gflops = r["engine_client_updates_per_s"] * flops / 1e9
             loop_gflops = r["loop_client_updates_per_s"] * flops / 1e9
-            rows.append({
-                "source": path.name,
-                "model": r["model"],
-                "per_round": r["per_round"],
-                "mode": r["mode"],
-                "engine_client_updates_per_s": r["engine_client_updates_per_s"],
-                "loop_client_updates_per_s": r["loop_client_updates_per_s"],
-                "speedup_vs_loop": r["speedup_vs_loop"],
-                "xla_flops_per_client_update": r["flops_per_client_update"],
-                "flops_per_client_update": flops,
-                "engine_tflops": engine_gflops / 1e3,
-                "matmul_tflops": r["matmul_gflops"] / 1e3,
-                "engine_fraction_of_peak": engine_gflops / r["matmul_gflops"],
-                "loop_fraction_of_peak": loop_gflops / r["matmul_gflops"],
-                "machine": measured["machine"],
-            })
+            rows.append(
+                {
+                    "source": path.name,
+                    "model": r["model"],
+                    "per_round": r["per_round"],
+                    "mode": r["mode"],
+                    "engine_client_updates_per_s": r["engine_client_updates_per_s"],
+                    "loop_client_updates_per_s": r["loop_client_updates_per_s"],
+                    "speedup_vs_loop": r["speedup_vs_loop"],
+                    "xla_flops_per_client_update": r["flops_per_client_update"],
+                    "flops_per_client_update": flops,
+                    "engine_tflops": engine_gflops / 1e3,
+                    "matmul_tflops": r["matmul_gflops"] / 1e3,
+                    "engine_fraction_of_peak": engine_gflops / r["matmul_gflops"],
+                    "loop_fraction_of_peak": loop_gflops / r["matmul_gflops"],
+                    "machine": measured["machine"],
+                }
+            )
     return rows
 
 
@@ -66,15 +68,19 @@ def main() -> None:
     files = [RESULTS / f"tp_{m}.json" for m in ("logreg", "mlp", "cnn", "lstm")]
     rows = recount([f for f in files if f.exists()])
     Path(a.out).write_text(json.dumps({"rows": rows}, indent=1) + "\n")
-    print("| model | P | mode | engine upd/s | loop upd/s | speedup | GFLOP/update "
-          "(XLA -> analytic) | engine TFLOP/s | % of matmul peak |")
+    print(
+        "| model | P | mode | engine upd/s | loop upd/s | speedup | GFLOP/update "
+        "(XLA -> analytic) | engine TFLOP/s | % of matmul peak |"
+    )
     print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['model']} | {r['per_round']:,} | {r['mode']} | "
-              f"{r['engine_client_updates_per_s']:,.0f} | {r['loop_client_updates_per_s']:,.0f} | "
-              f"{r['speedup_vs_loop']:.1f}x | {r['xla_flops_per_client_update'] / 1e9:.3g} -> "
-              f"{r['flops_per_client_update'] / 1e9:.3g} | {r['engine_tflops']:.2f} | "
-              f"{100 * r['engine_fraction_of_peak']:.1f}% |")
+        print(
+            f"| {r['model']} | {r['per_round']:,} | {r['mode']} | "
+            f"{r['engine_client_updates_per_s']:,.0f} | {r['loop_client_updates_per_s']:,.0f} | "
+            f"{r['speedup_vs_loop']:.1f}x | {r['xla_flops_per_client_update'] / 1e9:.3g} -> "
+            f"{r['flops_per_client_update'] / 1e9:.3g} | {r['engine_tflops']:.2f} | "
+            f"{100 * r['engine_fraction_of_peak']:.1f}% |"
+        )
 
 
 if __name__ == "__main__":

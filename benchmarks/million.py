@@ -48,9 +48,7 @@ def main() -> None:
     command = [c if c != "1000000" else str(a.clients) for c in COMMAND]
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        subprocess.run(
-            [sys.executable, "-m", "fedjax_sel", *command, "--out", tmp], check=True
-        )
+        subprocess.run([sys.executable, "-m", "fedjax_sel", *command, "--out", tmp], check=True)
         wall = time.perf_counter() - t0
         peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # KiB on Linux
         summary = json.loads((Path(tmp) / "summary.json").read_text())

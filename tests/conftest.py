@@ -40,6 +40,7 @@ def pytest_unconfigure(config):
 
         shutil.rmtree(_JAX_CACHE, ignore_errors=True)
 
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA_DIR = (ROOT / ".." / "shared" / "data").resolve()
 

@@ -308,9 +308,10 @@ def test_matmul_precision_is_the_one_the_round_is_traced_under(tmp_path):
         small(matmul_precision="float32", rounds=2), tmp_path / "p", progress=False, model=probe
     )
     assert seen == {"float32"}
-    assert json.loads((tmp_path / "p" / "config.json").read_text())["config"][
-        "matmul_precision"
-    ] == "float32"
+    assert (
+        json.loads((tmp_path / "p" / "config.json").read_text())["config"]["matmul_precision"]
+        == "float32"
+    )
     assert r.summary["rounds_completed"] == 2
     with pytest.raises(ConfigError, match="fp8"):
         small(matmul_precision="fp8").resolve()
@@ -346,9 +347,7 @@ def test_release_compiled_programs_unmaps_their_code():
     """XLA keeps each compiled program's machine code mapped while JAX caches it; a long
     reproduction crashed at the kernel's mapping limit. Past the threshold the programs are
     dropped and their code unmapped (fresh interpreter: the suite's own programs stay)."""
-    r = subprocess.run(
-        [sys.executable, "-c", _CODE_MAPS], capture_output=True, text=True, cwd=ROOT
-    )
+    r = subprocess.run([sys.executable, "-c", _CODE_MAPS], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     before, after = map(int, r.stdout.split())
     assert before >= 10 and after < before / 2

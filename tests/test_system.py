@@ -113,8 +113,9 @@ def test_simulation_clock_follows_the_profiles(digits):
     kept client sets the round, over-commitment keeps the first finishers, the clock sums."""
     sim = _sim(digits, system=lognormal(sigma=1.0), overcommit=1.5)
     state = sim.init(0)
-    ms, kbps = np.asarray(state.system_state.ms_per_example), np.asarray(
-        state.system_state.bandwidth_kbps
+    ms, kbps = (
+        np.asarray(state.system_state.ms_per_example),
+        np.asarray(state.system_state.bandwidth_kbps),
     )
     counts = np.asarray(digits.train.counts)
     full = 3 * 6 * np.minimum(counts, 8) * ms / 1000 + 2 * sim.kbit / kbps

@@ -114,9 +114,7 @@ def dataset_of(name: str, shape, classes, xs, ys, scale) -> FederatedDataset:
     )
 
 
-def _engine(
-    model, ds, per_round, mode, local, repeats, trace=None, system=None, asynchronous=None
-):
+def _engine(model, ds, per_round, mode, local, repeats, trace=None, system=None, asynchronous=None):
     strategy = "full" if asynchronous is None else "uniform"  # asynchronous needs a picker
     sim = Simulation(
         ds,
