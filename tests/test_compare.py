@@ -4,13 +4,11 @@ true differences are known, and the reproduction verdict rules."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy import stats
 
-from fedjax_sel.base import ConfigError
 from fedjax_sel.cli import main
 from fedjax_sel.experiment import compare
 from fedjax_sel.experiment.compare import bootstrap_ci, mean_ci, paired_stats
@@ -131,6 +129,8 @@ def test_cli_compare_and_missing_baseline(planted, tmp_path, capsys):
     assert (tmp_path / "comparison.json").exists()
     assert main(["compare", str(root), "--baseline", "nope"]) == 2
     assert "baseline 'nope' not found" in capsys.readouterr().err
+    assert main(["compare", str(tmp_path / "missing")]) == 2
+    assert "missing' does not exist" in capsys.readouterr().err
 
 
 def test_percent_reports_accuracies_in_percent_and_differences_in_points(planted, tmp_path):
@@ -186,42 +186,3 @@ def test_seeds_to_settle_is_where_the_interval_would_exclude_0_or_the_claim():
     gap = max(abs(m), abs(2.0 - m))
     half = lambda k: stats.t.ppf(0.975, k - 1) * sd / np.sqrt(k)  # noqa: E731
     assert half(n) < gap and (n == d.size or half(n - 1) >= gap)
-
-
-def test_paired_pp_script_converts_differences_to_points(tmp_path):
-    """benchmarks/paired_pp.py: the docs cite compare's paired differences in pp."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "paired_pp", Path(__file__).resolve().parents[1] / "benchmarks" / "paired_pp.py"
-    )
-    paired_pp = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(paired_pp)
-    common = {"setting": "s", "baseline": "A", "metric": "final_accuracy"}
-    rows = [
-        {
-            **common,
-            "strategy": "A",
-            "pairs": 0,
-            "diff": None,
-            "diff_ci_low": None,
-            "diff_ci_high": None,
-        },
-        {
-            **common,
-            "strategy": "B",
-            "pairs": 5,
-            "diff": -0.0125,
-            "diff_ci_low": -0.02,
-            "diff_ci_high": -0.005,
-        },
-    ]
-    src = tmp_path / "comparison.json"
-    src.write_text(json.dumps(rows))
-    out = paired_pp.main([str(src)])
-    (row,) = json.loads(out.read_text())  # the baseline's own row has no difference
-    assert row["strategy"] == "B" and row["pairs"] == 5
-    assert row["diff"] == pytest.approx(-1.25)
-    assert (row["diff_ci_low"], row["diff_ci_high"]) == pytest.approx((-2.0, -0.5))
-    with pytest.raises(ConfigError, match="does not exist"):
-        paired_pp.main([str(tmp_path / "missing" / "comparison.json")])
