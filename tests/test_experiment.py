@@ -201,6 +201,17 @@ def test_sweep_reruns_bit_identically_and_reuses_finished_cells(tmp_path, capsys
     assert "4 of 4 cells already finished; reusing them" in messages
     assert before == {c: (tmp_path / "a" / c / "summary.json").stat().st_mtime_ns for c in cells}
     assert json.loads((tmp_path / "a" / "comparison.json").read_text())
+    # [sweep] percent = true reaches compare: accuracies in %, from the same (reused) cells
+    sweep.write_text(sweep.read_text().replace("[sweep]\n", "[sweep]\npercent = true\n"))
+    rows = run_sweep(sweep, tmp_path / "a", progress=False, echo=lambda *a: None)
+    final = {r["strategy"]: r for r in rows if r["metric"] == "final_accuracy"}
+    for label, r in final.items():
+        values = [
+            json.loads((tmp_path / "a" / c / "summary.json").read_text())["final_accuracy"]
+            for c in cells
+            if c.parent.name == label
+        ]
+        assert r["unit"] == "percent" and r["mean"] == pytest.approx(100 * np.mean(values))
 
 
 def test_run_killed_with_sigkill_resumes_bit_identically(tmp_path):
@@ -272,14 +283,16 @@ def test_sweep_override_sets_every_cell_after_the_strategies(tmp_path):
     from fedjax_sel.experiment.sweep import expand_sweep
 
     spec = {
-        "sweep": {"seeds": 2, "time_targets": [0.8]},
+        "sweep": {"seeds": 2, "time_targets": [0.8], "percent": True},
         "base": {"dataset": "digits", "rounds": 40},
         "strategies": [{"strategy": "uniform"}, {"strategy": "full", "rounds": 90}],
         "override": {"rounds": "2"},
     }
     sweep = expand_sweep(spec, tmp_path)
     assert [c.config.rounds for c in sweep.cells] == [2, 2, 2, 2]
-    assert sweep.compare_options == {"time_targets": [0.8]}
+    assert sweep.compare_options == {"time_targets": [0.8], "percent": True}
+    with pytest.raises(ConfigError, match="percent must be true or false, got 'yes'"):
+        expand_sweep({**spec, "sweep": {"seeds": 2, "percent": "yes"}}, tmp_path)
     with pytest.raises(ConfigError, match="unknown \\[sweep\\] option"):
         expand_sweep({**spec, "sweep": {"seed": 3}}, tmp_path)
 

@@ -8,6 +8,7 @@ A sweep file (TOML or JSON) has four parts::
     baseline = "uniform"      # the strategy ``compare`` pairs the others against
     seeds_together = "auto"   # members per vmapped batch: "auto" (by memory) or a number
     time_targets = [0.85]     # optional, passed to compare: also metrics, at_rounds, targets
+    percent = true            # optional: accuracies in %, differences in percentage points
 
     [base]                    # RunConfig fields shared by every cell
     dataset = "digits"
@@ -69,7 +70,7 @@ class Sweep:
     baseline: str | None = None
     seeds_together: int | str = "auto"
     source: dict[str, Any] = dataclasses.field(default_factory=dict)
-    compare_options: dict[str, list] = dataclasses.field(default_factory=dict)
+    compare_options: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 # [sweep] keys passed on to compare(): extra metrics of the comparison
@@ -97,7 +98,7 @@ def expand_sweep(spec: Mapping[str, Any], out: str | Path) -> Sweep:
     base = dict(spec.get("base", {}))
     grid = dict(spec.get("grid", {}))
     strategies = list(spec.get("strategies") or [{}])
-    bad = set(options) - {"seeds", "baseline", "seeds_together", *COMPARE_OPTIONS}
+    bad = set(options) - {"seeds", "baseline", "seeds_together", "percent", *COMPARE_OPTIONS}
     if bad:
         raise ConfigError(f"sweep: unknown [sweep] option(s) {sorted(bad)}")
     seeds = options.get("seeds", 5)
@@ -145,6 +146,12 @@ def expand_sweep(spec: Mapping[str, Any], out: str | Path) -> Sweep:
     for key, values in compare_options.items():
         if not isinstance(values, list):
             raise ConfigError(f"sweep: [sweep] {key} must be a list, got {values!r}")
+    if "percent" in options:
+        if not isinstance(options["percent"], bool):
+            raise ConfigError(
+                f"sweep: [sweep] percent must be true or false, got {options['percent']!r}"
+            )
+        compare_options["percent"] = options["percent"]
     return Sweep(cells, baseline, together, dict(spec), compare_options)
 
 
