@@ -11,7 +11,13 @@ from scipy import stats
 
 from fedjax_sel.cli import main
 from fedjax_sel.experiment import compare
-from fedjax_sel.experiment.compare import bootstrap_ci, mean_ci, paired_stats
+from fedjax_sel.experiment.compare import (
+    bootstrap_ci,
+    higher_is_better,
+    is_accuracy,
+    mean_ci,
+    paired_stats,
+)
 from fedjax_sel.experiment.outputs import write_json
 from fedjax_sel.reproduce.common import seeds_to_settle, verdict
 
@@ -157,6 +163,9 @@ def test_percent_reports_accuracies_in_percent_and_differences_in_points(planted
     assert loss["unit"] is None and loss["diff"] == pytest.approx(-d.mean() / 100)
     reached = by[("better", "rounds_to:0.75")]  # the target stays a fraction
     assert reached["unit"] is None and reached["seeds"] == int(np.sum(values["better"] >= 0.75))
+    # the summary's seconds to an accuracy are a cost, not an accuracy
+    assert not is_accuracy("time_to_accuracy_s") and not higher_is_better("time_to_accuracy_s")
+    assert is_accuracy("final_client_test_accuracy_mean") and not is_accuracy("final_test_loss")
     table = (tmp_path / "comparison.md").read_text()
     assert "in %, differences in percentage points" in table
     assert f"{d.mean():+.2f} [{lo:+.2f}, {hi:+.2f}]" in table

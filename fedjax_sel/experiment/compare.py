@@ -185,17 +185,24 @@ def metric_value(run: Run, metric: str) -> float | None:
     return None if v is None or not isinstance(v, (int, float)) else float(v)
 
 
+def _to_target(metric: str) -> bool:
+    """Rounds or seconds to an accuracy (``rounds_to:A``, ``time_to:A``, the summary's
+    ``time_to_accuracy_s``): a cost, not an accuracy."""
+    return metric.startswith(("rounds_to:", "time_to"))
+
+
 def is_accuracy(metric: str) -> bool:
-    """An accuracy (a fraction in ``[0, 1]``): what ``percent=True`` reports times 100."""
-    if metric.startswith(("rounds_to:", "time_to:")):
-        return False
-    return metric.startswith("accuracy@") or "accuracy" in metric
+    """An accuracy (a fraction in ``[0, 1]``, ``accuracy@R`` included): what ``percent=True``
+    reports times 100."""
+    return "accuracy" in metric and not _to_target(metric)
 
 
 def higher_is_better(metric: str) -> bool:
-    if metric.startswith("rounds_to:") or metric.startswith("time_to"):
-        return False
-    return SUMMARY_METRICS.get(metric, "loss" not in metric)
+    return not _to_target(metric) and SUMMARY_METRICS.get(metric, "loss" not in metric)
+
+
+def _scaled(value: float | None, scale: float | None) -> float | None:
+    return value if value is None or scale is None else scale * value
 
 
 # ----------------------------------------------------------------------------- compare
@@ -259,14 +266,13 @@ def compare(
         for metric in metrics:
             better = higher_is_better(metric)
             scale = 100.0 if percent and is_accuracy(metric) else None
-
-            def value(run: Run, metric: str = metric, scale: float | None = scale):
-                v = metric_value(run, metric)
-                return v if v is None or scale is None else scale * v
-
-            base_values = {s: value(r) for s, r in by_label[base].items()}
+            base_values = {
+                s: _scaled(metric_value(r, metric), scale) for s, r in by_label[base].items()
+            }
             for label in [base] + [x for x in labels if x != base]:
-                values = {s: value(r) for s, r in by_label[label].items()}
+                values = {
+                    s: _scaled(metric_value(r, metric), scale) for s, r in by_label[label].items()
+                }
                 have = {s: v for s, v in values.items() if v is not None}
                 if not have:
                     continue
