@@ -77,8 +77,8 @@ def test_every_measured_number_comes_from_a_committed_json(doc, files, body):
         path = ROOT / f
         assert path.is_file(), f"{doc.name} cites {f}, which is not committed"
         _json_values(json.loads(path.read_text()), values)
-    # code spans, links and image paths are not measurements
-    text = re.sub(r"`[^`]*`|\]\([^)]*\)", " ", body)
+    # code spans, links, image paths and the confidence level ("95% CI") are not measurements
+    text = re.sub(r"`[^`]*`|\]\([^)]*\)|\b95% (?=CI|confidence|interval)", " ", body)
     unbacked = []
     for m in _NUMBER.finditer(text):
         whole, frac, unit = m.group(1), m.group(2), m.group(3)
