@@ -266,13 +266,13 @@ def compare(
         for metric in metrics:
             better = higher_is_better(metric)
             scale = 100.0 if percent and is_accuracy(metric) else None
-            base_values = {
-                s: _scaled(metric_value(r, metric), scale) for s, r in by_label[base].items()
+            by_label_values = {
+                label: {s: _scaled(metric_value(r, metric), scale) for s, r in runs.items()}
+                for label, runs in by_label.items()
             }
+            base_values = by_label_values[base]
             for label in [base] + [x for x in labels if x != base]:
-                values = {
-                    s: _scaled(metric_value(r, metric), scale) for s, r in by_label[label].items()
-                }
+                values = by_label_values[label]
                 have = {s: v for s, v in values.items() if v is not None}
                 if not have:
                     continue
