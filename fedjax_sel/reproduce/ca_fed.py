@@ -75,9 +75,9 @@ from fedjax_sel.reproduce.common import (
     Study,
     check_profile_size,
     markdown_table,
+    subsampled_npz,
     verdict_table,
 )
-from fedjax_sel.reproduce.hetero_select import subsampled_npz
 from fedjax_sel.strategies._ca_fed_common import fit_local_optima
 
 PARTS = ("fig1_synthetic", "fig1_mnist", "fig2a", "fig5", "control")

@@ -62,6 +62,7 @@ from fedjax_sel.reproduce.common import (
     Study,
     check_profile_size,
     markdown_table,
+    subsampled_npz,
     verdict_table,
 )
 
@@ -502,8 +503,6 @@ def mechanism_table(rows: list[dict], unit: str) -> str:
 # ----------------------------------------------------------------------------- data
 def image_data_path(name: str, scale: Scale, out: Path, data_dir) -> str | None:
     """The data file of ``name`` at this scale; a :class:`ConfigError` says what is missing."""
-    from fedjax_sel.reproduce.hetero_select import subsampled_npz
-
     if scale.fraction < 1.0:  # one folder per fraction: a file is never reused at another
         where = out / "data" / f"fraction{scale.fraction:g}"
         return str(subsampled_npz(name, scale.fraction, where, data_dir))
