@@ -58,8 +58,10 @@ def rows() -> tuple[list[str], list[str], Counter]:
                     f"{_signed(v['diff_mean'])} [{_signed(v['diff_ci_low'])}, "
                     f"{_signed(v['diff_ci_high'])}]"
                 )
+                # labels in code spans: they name runs (`compare --baseline`), and a number
+                # in one ("FedProx, 50%") is not a measurement (the docs' number check)
                 lines.append(
-                    f"| {paper} | {claim}: {v['method']} vs {v['baseline']} | "
+                    f"| {paper} | {claim}: `{v['method']}` vs `{v['baseline']}` | "
                     f"{v['profile']}, {v['size']} | {v['seeds']} | "
                     f"{paper_diff} | {ours} | {VERDICT[v['verdict']]} |"
                 )
@@ -104,8 +106,11 @@ def runs() -> tuple[list[str], list[str]]:
                 name = folder.name
                 if len(history) > 1:
                     name += f" ({i} of {len(history)})"
+                # the verdicts' seeds belong to the last run; an earlier one's are not recorded
+                # (its `--seeds` can differ from a table's own seed count, e.g. table1_seeds)
                 lines.append(
-                    f"| {paper} | {name} | {seeds} | {_options(info['options'])} | "
+                    f"| {paper} | {name} | {seeds if i == len(history) else '-'} | "
+                    f"{_options(info['options'])} | "
                     f"{info['wall_seconds']:.1f} s | {_machine(info['machine'])} |"
                 )
     return files, lines
@@ -132,29 +137,40 @@ def runs_table() -> str:
     )
 
 
+def page() -> str:
+    """docs/verdicts.md as the committed ``verdicts.json`` and ``run_info.json`` files give it."""
+    files, lines, _ = rows()
+    return DOCS_PAGE.format(table=table(files, lines), notes="\n".join(notes()), runs=runs_table())
+
+
+def summary_table() -> str:
+    """The README's table: claims per paper, profile and size, by verdict."""
+    _, _, counts = rows()
+    return "\n".join(
+        [
+            "| paper | profile, size | claims | reproduced | inconclusive | not reproduced |",
+            "|---|---|---:|---:|---:|---:|",
+            *summary(counts),
+        ]
+    )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--summary", action="store_true", help="counts per paper and profile")
     p.add_argument("--write", action="store_true", help="rewrite docs/verdicts.md")
     p.add_argument("--runs", action="store_true", help="each run's wall time and machine")
     a = p.parse_args()
-    files, lines, counts = rows()
     if a.runs:
         print(runs_table())
-        return
-    if a.write:
-        page = DOCS_PAGE.format(
-            table=table(files, lines), notes="\n".join(notes()), runs=runs_table()
-        )
-        (ROOT / "docs" / "verdicts.md").write_text(page)
+    elif a.write:
+        (ROOT / "docs" / "verdicts.md").write_text(page())
         print("wrote docs/verdicts.md")
-        return
-    if a.summary:
-        print("| paper | profile, size | claims | reproduced | inconclusive | not reproduced |")
-        print("|---|---|---:|---:|---:|---:|")
-        print("\n".join(summary(counts)))
-        return
-    print(table(files, lines))
+    elif a.summary:
+        print(summary_table())
+    else:
+        files, lines, _ = rows()
+        print(table(files, lines))
 
 
 def table(files: list[str], lines: list[str]) -> str:
@@ -210,7 +226,9 @@ order, each with the time of its own part (`run_info.json` keeps the earlier run
 `ca_fed/paper-paper-mnist` the tuning and runs of CA-Fed, Unbiased and AdaFed
 ([ca_fed.md](ca_fed.md)). The machines differ between sessions (an Intel Xeon, later an AMD
 EPYC, both 2 cores); runs since `run_info.json` recorded the CPU model name it in brackets.
-Compare wall times on one machine only.
+Compare wall times on one machine only. The seeds column is the claims' paired seeds of the
+folder's `verdicts.json`, which belong to its last run; an earlier run's are not recorded (its
+`--seeds` need not be a table's own count, e.g. FedCVR-Bolt's `table1_seeds`), so it shows `-`.
 
 {runs}
 """

@@ -16,6 +16,7 @@ command elides arguments with ``...``.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -64,6 +65,23 @@ def _number_blocks():
 def test_documents_have_backed_number_blocks():
     blocks = list(_number_blocks())
     assert len(blocks) >= 8, "the README's measured tables sit in <!-- numbers: ... --> blocks"
+
+
+def test_verdicts_page_and_readme_summary_are_the_committed_verdicts():
+    # docs/verdicts.md and the README's summary are generated from the committed verdicts.json
+    # and run_info.json files: a rerun reproduction must be followed by regenerating them
+    spec = importlib.util.spec_from_file_location(
+        "verdicts_table", ROOT / "benchmarks" / "verdicts_table.py"
+    )
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    assert (ROOT / "docs" / "verdicts.md").read_text() == gen.page(), (
+        "docs/verdicts.md is stale: run `python benchmarks/verdicts_table.py --write`"
+    )
+    assert gen.summary_table() in (ROOT / "README.md").read_text(), (
+        "the README's verdict summary is stale: paste `python benchmarks/verdicts_table.py "
+        "--summary`"
+    )
 
 
 @pytest.mark.parametrize(
