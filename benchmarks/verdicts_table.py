@@ -217,7 +217,7 @@ Notes the runs attach to their claims:
 
 Each run's options (beside its profile and size), its wall time from start to the written
 tables, and the machine (`run_info.json`, written by every `fedjax-sel reproduce` since it
-existed; the earlier `cpu` runs did not record theirs). Several runs into one folder (a
+existed; the `cpu` runs from before it were rerun to record theirs). Several runs into one folder (a
 resumed run, or one that adds parts or grid points and reuses the finished cells) are listed in
 order, each with the time of its own part (`run_info.json` keeps the earlier runs since
 `earlier_runs` existed). Parts reused from attempts before that are not counted:
