@@ -67,6 +67,13 @@ def test_seeds_together_equal_separate_runs(tmp_path, data_seed):
             for key in ("test_accuracy", "test_loss", "train_loss"):
                 assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-6), key
         assert r.summary["selection_counts"] == alone.summary["selection_counts"]
+        # config.json names the batch a run's bits depend on
+        assert json.loads((tmp_path / f"t{s}" / "config.json").read_text())["seeds_vmapped"] == [
+            0,
+            1,
+            2,
+        ]
+        assert json.loads((tmp_path / f"a{s}" / "config.json").read_text())["seeds_vmapped"] == [s]
         np.testing.assert_allclose(
             r.summary["weight_sums"], alone.summary["weight_sums"], rtol=1e-6
         )
