@@ -217,9 +217,9 @@ Notes the runs attach to their claims:
 
 Each run's options (beside its profile and size), its wall time from start to the written
 tables, and the machine (`run_info.json`, written by every `fedjax-sel reproduce` since it
-existed; the `cpu` runs from before it were rerun to record theirs). Several runs into one folder (a
-resumed run, or one that adds parts or grid points and reuses the finished cells) are listed in
-order, each with the time of its own part (`run_info.json` keeps the earlier runs since
+existed; the `cpu` runs from before it were rerun to record theirs). Several runs into one
+folder (a resumed run, or one that adds parts or grid points and reuses the finished cells) are
+listed in order, each with the time of its own part (`run_info.json` keeps the earlier runs since
 `earlier_runs` existed). Parts reused from attempts before that are not counted:
 `ca_fed/code-paper` reused its Synthetic tuning (105 cells) from an earlier attempt,
 `ca_fed/paper-paper`'s first run 38 of its 70 tuning cells and three of its five methods' runs,

@@ -60,6 +60,10 @@ def test_seeds_together_equal_separate_runs(tmp_path, data_seed):
         small(seed=s, data_seed=data_seed, local_epochs=1, local_steps=None) for s in range(3)
     ]
     together = run_group(configs, [tmp_path / f"t{s}" for s in range(3)], seeds_together=3)
+
+    def vmapped(folder):
+        return json.loads((tmp_path / folder / "config.json").read_text())["seeds_vmapped"]
+
     for s, r in enumerate(together):
         alone = run_experiment(configs[s], tmp_path / f"a{s}", progress=False)
         assert [e["selected"] for e in r.evals] == [e["selected"] for e in alone.evals]
@@ -68,12 +72,8 @@ def test_seeds_together_equal_separate_runs(tmp_path, data_seed):
                 assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-6), key
         assert r.summary["selection_counts"] == alone.summary["selection_counts"]
         # config.json names the batch a run's bits depend on
-        assert json.loads((tmp_path / f"t{s}" / "config.json").read_text())["seeds_vmapped"] == [
-            0,
-            1,
-            2,
-        ]
-        assert json.loads((tmp_path / f"a{s}" / "config.json").read_text())["seeds_vmapped"] == [s]
+        assert vmapped(f"t{s}") == [0, 1, 2]
+        assert vmapped(f"a{s}") == [s]
         np.testing.assert_allclose(
             r.summary["weight_sums"], alone.summary["weight_sums"], rtol=1e-6
         )

@@ -60,6 +60,7 @@ def test_cli_personalized_run_writes_outputs_and_reruns_from_its_config(tmp_path
     config = json.loads((out / "config.json").read_text())
     assert config["config"]["mode"] == "personalized" and config["config"]["strategy"] == "sp_cacw"
     assert config["steps_per_epoch"] == 3 and config["update_period_epochs"] == 1.0  # 24 / 8
+    assert config["seeds_vmapped"] == [config["config"]["seed"]]  # one seed per personalized run
     records = read_metrics(out / "metrics.jsonl")
     assert [r["round"] for r in records] == [0, 1, 2]
     last = records[-1]

@@ -161,7 +161,15 @@ def finished_result(config: RunConfig, out: Path) -> RunResult | None:
     return RunResult(config, read_metrics(out / METRICS), read_json(out / SUMMARY), out_dir=out)
 
 
-def write_config(member: Member, dataset: FederatedDataset, engine_info: dict) -> None:
+def write_config(
+    member: Member,
+    dataset: FederatedDataset,
+    engine_info: dict,
+    seeds_vmapped: list[int] | None = None,
+) -> None:
+    """Writes ``config.json``; ``seeds_vmapped``: the seeds run in one batch with ``member``
+    (default its own alone), recorded because a run's bits can depend on its batch (XLA's CPU
+    reductions are shaped by it)."""
     if not member.writes:
         return
     member.out.mkdir(parents=True, exist_ok=True)
@@ -173,6 +181,7 @@ def write_config(member: Member, dataset: FederatedDataset, engine_info: dict) -
             "config": config,
             "dataset": {"name": dataset.name, "num_clients": dataset.num_clients, **dataset.info},
             **engine_info,
+            "seeds_vmapped": seeds_vmapped or [member.config.seed],
             **member.info,
             "backend": jax.default_backend(),
             "devices": [str(d) for d in jax.devices()],

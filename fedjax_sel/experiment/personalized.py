@@ -209,7 +209,7 @@ def run_personalized(
         (member.out / METRICS).write_text("")
         (member.out / CHECKPOINT).unlink(missing_ok=True)
     engine = PersonalizedEngine(program, fresh if restored is None else restored, config, dataset)
-    run_lib.write_config(member, dataset, {**engine.describe(), "seeds_vmapped": [config.seed]})
+    run_lib.write_config(member, dataset, engine.describe())
     if restored is None:  # the initial model, evaluated (round 0)
         record = {"round": 0, **engine.evaluate()[0]}
         member.records.append(record)

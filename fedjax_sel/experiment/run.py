@@ -268,12 +268,9 @@ def _run_group(
                 part_data,
                 profile=configs[0].profile and len(part) == 1,
             )
-            # a run's bits can depend on its batch (XLA's CPU reductions are shaped by it)
             together = [members[i].config.seed for i in part]
             for i in part:
-                write_config(
-                    members[i], datasets[i], {**engine.describe(), "seeds_vmapped": together}
-                )
+                write_config(members[i], datasets[i], engine.describe(), together)
             if bar is not None and members[part[0]].done:
                 bar.update(members[part[0]].done * len(part))
             finished = drive(
