@@ -223,3 +223,29 @@ def test_tiny_end_to_end_verdicts_and_cache(tiny, capsys):
     )
     s = json.loads(next(out.glob("runs/mnist/FedAvg*/seed0/summary.json")).read_text())
     assert s["rounds_completed"] == 2
+
+
+def test_table1_without_extras_runs_the_claimed_rows_only(tiny, capsys):
+    """``--option table1_extras=false`` (the paper-size run on a CPU): Table I runs only the
+    four methods its claims compare, and every Table I claim still gets its paired verdict."""
+    from fedjax_sel.cli import main
+
+    out = tiny / "out"
+    argv = ["reproduce", "hetero-select", "--size", "cpu", "--seeds", "2", "--out", str(out)]
+    argv += ["--data-dir", str(tiny / "data"), "--option", "tables=I"]
+    assert main(argv + ["--option", "table1_extras=false"]) == 0
+    ran = {p.name for p in (out / "runs" / "mnist").iterdir()}
+    assert len(ran) == 4 and len(hsr.TABLE1_CLAIMED) == 4
+    results = json.loads((out / "results.json").read_text())
+    assert results["table1_methods"] == [
+        m.label for m in hsr.TABLE1_METHODS if m.label in hsr.TABLE1_CLAIMED
+    ]
+    rows = json.loads((out / "verdicts.json").read_text())
+    assert len(rows) == len(hsr.claims("mnist", ("I",))) == 13
+    assert {r["method"] for r in rows} == {hsr.ADDITIVE}
+    assert {r["baseline"] for r in rows} == {"Random Selection", "Oort", "Power-of-Choice"}
+    assert all(r["seeds"] == 2 for r in rows)
+    assert "Multiplicative" not in (out / "tables.md").read_text()
+    capsys.readouterr()
+    assert main(argv + ["--option", "table1_extras=maybe"]) != 0
+    assert "table1_extras='maybe' is not a valid boolean" in capsys.readouterr().err

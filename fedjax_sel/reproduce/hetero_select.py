@@ -180,6 +180,9 @@ TABLE1_METHODS = (
         tuple((w, 0.0) for w in ("w_v", "w_d", "w_m", "w_f", "w_n")),
     ),
 )
+# the rows Table I's claims compare; the others (multiplicative scoring, Oort's FedScale preset,
+# the staleness-only ablation) are context that ``table1_extras=False`` leaves out
+TABLE1_CLAIMED = (ADDITIVE, "Oort", "Power-of-Choice", RANDOM)
 FULL_FEDAVG = Method("FedAvg (100%)", "full", participation=1.0, prox_mu=0.0)
 FULL_FEDPROX = Method("FedProx mu=0.1 (100%)", "full", participation=1.0)
 HETERO_50 = Method("HeteRo-Select (FedProx, 50%)", "hetero_select")
@@ -350,16 +353,19 @@ def run(
     profile: str = "paper",
     data_dir=None,
     tables: tuple[str, ...] = ("I", "II", "III", "IV"),
+    table1_extras: bool = True,
 ) -> dict:
     """Runs the tables at ``size``, prints our numbers (mean and 95% CI over paired seeds)
     beside the paper's and writes ``results.json``, ``tables.md``, ``verdicts.json`` and the
-    plots under ``out``."""
+    plots under ``out``. ``table1_extras=False`` runs only the Table I rows its claims compare
+    (:data:`TABLE1_CLAIMED`): at ``--size paper`` on a CPU that is 4 runs per seed, not 7."""
     check_profile_size("hetero-select", profile, size, seeds, 5)
     bad = set(tables) - {"I", "II", "III", "IV"}
     if bad:
         raise ConfigError(f"hetero-select: unknown table(s) {sorted(bad)}; known I, II, III, IV")
     out = output_dir(out)
     scale = SCALES[size]
+    table1 = tuple(m for m in TABLE1_METHODS if table1_extras or m.label in TABLE1_CLAIMED)
     study = Study("hetero_select", profile=profile, size=size, seeds=seeds, out=out)
     results: dict[str, Any] = {
         "scale": dataclasses.asdict(scale),
@@ -368,6 +374,7 @@ def run(
         "seeds": seeds,
         "absent": {},
         "note": "HeteRo-Select has no public code: profile 'code' = 'paper'",
+        "table1_methods": [m.label for m in table1] if "I" in tables else [],
     }
     ok, message = cifar_status(data_dir)
     if ok:
@@ -380,7 +387,7 @@ def run(
         main, main_path, main_model = "mnist", data_path_for("mnist", scale, out, data_dir), None
     results["main_setting"] = main
     if "I" in tables:
-        _add_main(study, main, TABLE1_METHODS, scale, main_path, main_model)
+        _add_main(study, main, table1, scale, main_path, main_model)
     if "II" in tables:
         _add_main(study, main, TABLE2_METHODS, scale, main_path, main_model)
     if "III" in tables:
@@ -418,20 +425,20 @@ def run(
         premise = drop["mean"] is not None and drop["mean"] >= 5.0
         section(
             f"Table I on {main} (paper: CIFAR-10, ResNet-18)",
-            _table(study, main, TABLE1_METHODS, PAPER_TABLE1)
+            _table(study, main, table1, PAPER_TABLE1)
             + f"\n\nPremise: random selection's stability drop is {drop['mean']:.2f} points "
             f"[{drop['ci_low'] or 0:.2f}, {drop['ci_high'] or 0:.2f}] (paper 8.00; >= 5 needed "
             f"for the stability comparison to mean something): "
             f"{'holds' if premise else 'does NOT hold in this setting'}.",
         )
-        curves, bands = mean_curves([r for m in TABLE1_METHODS for r in study.runs(main, m.label)])
+        curves, bands = mean_curves([r for m in table1 for r in study.runs(main, m.label)])
         plot_curves(
             curves,
             out / f"table1_{main}_curves.png",
             bands=bands,
             title=f"Table I, {main}: mean over seeds, 95% CI",
         )
-        plot_selection(study, main, TABLE1_METHODS, out / f"fig5_6_selection_{main}.png")
+        plot_selection(study, main, table1, out / f"fig5_6_selection_{main}.png")
     if "II" in tables:
         section(
             f"Table II on {main} (paper: CIFAR-10)",
