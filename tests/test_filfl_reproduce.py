@@ -107,6 +107,16 @@ def test_paper_profile_keeps_the_text():
     assert {c.metric for c in code} == {"tail:client_test_accuracy_mean"}
 
 
+def test_ratio_claims_read_both_greedies_from_the_one_tracked_run():
+    """Fig. 11: both ratios come from the brute-force run, which filters with DGF; the RGF row
+    says so (its method column names that run)."""
+    dgf, rgf = repro.ratio_claims("paper")
+    assert (dgf.metric, rgf.metric) == ("diagmin:ratio_dgf", "diagmin:ratio_rgf")
+    assert dgf.label == rgf.label == repro.RATIO_METHOD.label("paper")
+    assert (dgf.paper_diff, rgf.paper_diff) == (0.0, 0.0)
+    assert "DGF filters" in rgf.note and "DGF filters" not in dgf.note
+
+
 # ----------------------------------------------------------------------------- the 34 windows
 def test_code_windows_are_the_reference_codes():
     x, y = code_windows()

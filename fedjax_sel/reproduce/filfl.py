@@ -444,7 +444,12 @@ def ratio_claims(profile: str) -> list[Claim]:
             0.0,
             BOUND,
             scale=1.0,
-            note="ratio of f = 10 - F_V (the code's objective); the offset makes 0.96 loose",
+            note="ratio of f = 10 - F_V (the code's objective); the offset makes 0.96 loose"
+            + (
+                ""
+                if v == "dgf"
+                else "; RGF runs beside DGF on every filtering round of this run (DGF filters)"
+            ),
         )
         for v in ("dgf", "rgf")
     ]
