@@ -4,6 +4,10 @@
     python benchmarks/verdicts_table.py            # every claim (the table of docs/verdicts.md)
     python benchmarks/verdicts_table.py --write    # rewrites docs/verdicts.md
     python benchmarks/verdicts_table.py --summary  # counts per paper and profile (README)
+
+A claim measured in several folders of one paper, profile and size (a table rerun with more
+seeds) is counted once in the summary, by the folder with the most seeds; the table lists every
+row and marks the others superseded.
     python benchmarks/verdicts_table.py --runs     # each run's wall time and machine
 """
 
@@ -42,29 +46,66 @@ def notes() -> list[str]:
     return [f"- {'; '.join(w)}: {note}" for note, w in seen.items()]
 
 
+def claim_key(paper: str, v: dict) -> tuple:
+    """What makes two rows the same claim: the paper, profile, size, setting, claim and pair."""
+    return (paper, v["profile"], v["size"], v.get("setting"), v["claim"], v["method"],
+            v["baseline"])  # fmt: skip
+
+
+def _entries() -> list[tuple[str, str, dict]]:
+    """``(paper, folder, row)`` for every row of every committed ``verdicts.json``."""
+    return [
+        (paper, path.parent.name, v)
+        for paper in PAPERS
+        for path in sorted((RESULTS / paper).glob("*/verdicts.json"))
+        for v in json.loads(path.read_text())
+    ]
+
+
+def deciding_folders(entries: list[tuple[str, str, dict]]) -> dict[tuple, str]:
+    """Per claim, the folder whose row decides it: a claim measured again in another folder
+    (e.g. one table rerun with more seeds) counts once, with its most seeds (on a tie, the
+    folder sorted last)."""
+    best: dict[tuple, tuple[int, str]] = {}
+    for paper, folder, v in entries:
+        key = claim_key(paper, v)
+        best[key] = max(best.get(key, (-1, "")), (int(v["seeds"]), folder))
+    return {key: folder for key, (_, folder) in best.items()}
+
+
 def rows() -> tuple[list[str], list[str], Counter]:
-    files, lines, counts = [], [], Counter()
-    for paper in PAPERS:
-        for path in sorted((RESULTS / paper).glob("*/verdicts.json")):
-            files.append(str(path.relative_to(ROOT)))
-            for v in json.loads(path.read_text()):
-                counts[(paper, v["profile"], v["size"], v["verdict"])] += 1
-                unstated = v.get("paper_diff") is None or "no number" in (v.get("note") or "")
-                paper_diff = "-" if unstated else _signed(v["paper_diff"])
-                claim = v["claim"]
-                if v.get("setting") and v["setting"].lower() not in claim.lower():
-                    claim = f"{claim} ({v['setting']})"
-                ours = (
-                    f"{_signed(v['diff_mean'])} [{_signed(v['diff_ci_low'])}, "
-                    f"{_signed(v['diff_ci_high'])}]"
-                )
-                # labels in code spans: they name runs (`compare --baseline`), and a number
-                # in one ("FedProx, 50%") is not a measurement (the docs' number check)
-                lines.append(
-                    f"| {paper} | {claim}: `{v['method']}` vs `{v['baseline']}` | "
-                    f"{v['profile']}, {v['size']} | {v['seeds']} | "
-                    f"{paper_diff} | {ours} | {VERDICT[v['verdict']]} |"
-                )
+    """The table's lines (every row of every folder; a row that another folder's run of the
+    same claim supersedes says so) and the verdict counts of the deciding rows only."""
+    entries = _entries()
+    deciding = deciding_folders(entries)
+    files = [
+        str(path.relative_to(ROOT))
+        for paper in PAPERS
+        for path in sorted((RESULTS / paper).glob("*/verdicts.json"))
+    ]
+    lines, counts = [], Counter()
+    for paper, folder, v in entries:
+        verdict = VERDICT[v["verdict"]]
+        decider = deciding[claim_key(paper, v)]
+        if decider == folder:
+            counts[(paper, v["profile"], v["size"], v["verdict"])] += 1
+        else:
+            verdict += f" (superseded by `{paper}/{decider}`, more seeds)"
+        unstated = v.get("paper_diff") is None or "no number" in (v.get("note") or "")
+        paper_diff = "-" if unstated else _signed(v["paper_diff"])
+        claim = v["claim"]
+        if v.get("setting") and v["setting"].lower() not in claim.lower():
+            claim = f"{claim} ({v['setting']})"
+        ours = (
+            f"{_signed(v['diff_mean'])} [{_signed(v['diff_ci_low'])}, {_signed(v['diff_ci_high'])}]"
+        )
+        # labels in code spans: they name runs (`compare --baseline`), and a number
+        # in one ("FedProx, 50%") is not a measurement (the docs' number check)
+        lines.append(
+            f"| {paper} | {claim}: `{v['method']}` vs `{v['baseline']}` | "
+            f"{v['profile']}, {v['size']} | {v['seeds']} | "
+            f"{paper_diff} | {ours} | {verdict} |"
+        )
     return files, lines, counts
 
 
@@ -205,7 +246,9 @@ MSE for FedCVR-Bolt's regressions); the interval is the paired-t 95% interval ov
 - **verdict**: `reproduced`: the interval excludes zero on the side of the paper's effect;
   `inconclusive`: it holds both zero and the paper's effect (more seeds would settle it);
   `not reproduced`: it excludes the paper's effect and does not lie beyond zero on its side.
-  A paper's difference of `-` means the text gives no number for the claim.
+  A paper's difference of `-` means the text gives no number for the claim. A claim measured
+  again in another folder (a table rerun with more seeds) is decided by the run with the most
+  seeds; its other rows say "superseded" and the README's summary counts the claim once.
 
 {table}
 

@@ -67,14 +67,19 @@ def test_documents_have_backed_number_blocks():
     assert len(blocks) >= 8, "the README's measured tables sit in <!-- numbers: ... --> blocks"
 
 
-def test_verdicts_page_and_readme_summary_are_the_committed_verdicts():
-    # docs/verdicts.md and the README's summary are generated from the committed verdicts.json
-    # and run_info.json files: a rerun reproduction must be followed by regenerating them
+def _verdicts_table():
     spec = importlib.util.spec_from_file_location(
         "verdicts_table", ROOT / "benchmarks" / "verdicts_table.py"
     )
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
+    return gen
+
+
+def test_verdicts_page_and_readme_summary_are_the_committed_verdicts():
+    # docs/verdicts.md and the README's summary are generated from the committed verdicts.json
+    # and run_info.json files: a rerun reproduction must be followed by regenerating them
+    gen = _verdicts_table()
     assert (ROOT / "docs" / "verdicts.md").read_text() == gen.page(), (
         "docs/verdicts.md is stale: run `python benchmarks/verdicts_table.py --write`"
     )
@@ -82,6 +87,33 @@ def test_verdicts_page_and_readme_summary_are_the_committed_verdicts():
         "the README's verdict summary is stale: paste `python benchmarks/verdicts_table.py "
         "--summary`"
     )
+
+
+def test_a_claim_rerun_with_more_seeds_counts_once(tmp_path, monkeypatch):
+    """A table rerun into another folder with more seeds decides its claims: the summary counts
+    each claim once (the most seeds), the page keeps both rows and marks the other one."""
+    gen = _verdicts_table()
+
+    def row(claim, seeds, verdict, baseline="B"):
+        return {"claim": claim, "profile": "paper", "size": "cpu", "setting": "mnist",
+                "method": "M", "baseline": baseline, "seeds": seeds, "paper_diff": 1.0,
+                "diff_mean": 0.5, "diff_ci_low": 0.1, "diff_ci_high": 0.9, "verdict": verdict,
+                "note": ""}  # fmt: skip
+
+    first = [row("T4", 10, "inconclusive"), row("T2", 10, "not_reproduced")]
+    rerun = [row("T4", 20, "reproduced")]
+    for folder, rows in (("paper-cpu", first), ("paper-cpu-t4", rerun)):
+        (tmp_path / "filfl" / folder).mkdir(parents=True)
+        (tmp_path / "filfl" / folder / "verdicts.json").write_text(json.dumps(rows))
+    monkeypatch.setattr(gen, "RESULTS", tmp_path)
+    monkeypatch.setattr(gen, "ROOT", tmp_path)
+    _, lines, counts = gen.rows()
+    assert counts == {("filfl", "paper", "cpu", "reproduced"): 1,
+                      ("filfl", "paper", "cpu", "not_reproduced"): 1}  # fmt: skip
+    assert len(lines) == 3
+    assert "inconclusive (superseded by `filfl/paper-cpu-t4`, more seeds)" in lines[0]
+    assert lines[1].endswith("| not reproduced |") and lines[2].endswith("| reproduced |")
+    assert "| filfl | paper, cpu | 2 | 1 | 0 | 1 |" in gen.summary_table()
 
 
 @pytest.mark.parametrize(
