@@ -122,7 +122,8 @@ def summary(counts: Counter) -> list[str]:
 def _machine(m: dict) -> str:
     kind = "CPU" if m["backend"] == "cpu" else m["device_kind"]
     # runs before machine_info() recorded the CPU model have only the architecture
-    model = f" ({m['cpu_model']})" if m.get("cpu_model") else ""
+    # in a code span: a model name's clock ("@ 2.80GHz") is not a measurement (the number check)
+    model = f" (`{m['cpu_model']}`)" if m.get("cpu_model") else ""
     cpu = f"{m['cpu_count']} cores{model}"
     return f"{m['num_devices']} x {kind}, {cpu}, jax `{m['jax_version']}`"
 
@@ -262,16 +263,17 @@ Each run's options (beside its profile and size), its wall time from start to th
 tables, and the machine (`run_info.json`, written by every `fedjax-sel reproduce` since it
 existed; the `cpu` runs from before it were rerun to record theirs). Several runs into one
 folder (a resumed run, or one that adds parts or grid points and reuses the finished cells) are
-listed in order, each with the time of its own part (`run_info.json` keeps the earlier runs since
-`earlier_runs` existed). Parts reused from attempts before that are not counted:
+listed in order, each with the time of its own part (`run_info.json` keeps the earlier runs
+since `earlier_runs` existed). Parts reused from attempts before that are not counted:
 `ca_fed/code-paper` reused its Synthetic tuning (105 cells) from an earlier attempt,
 `ca_fed/paper-paper`'s first run 38 of its 70 tuning cells and three of its five methods' runs,
 `ca_fed/paper-paper-mnist` the tuning and runs of CA-Fed, Unbiased and AdaFed
 ([ca_fed.md](ca_fed.md)). The machines differ between sessions (an Intel Xeon, later an AMD
-EPYC, both 2 cores); runs since `run_info.json` recorded the CPU model name it in brackets.
-Compare wall times on one machine only. The seeds column is the claims' paired seeds of the
-folder's `verdicts.json`, which belong to its last run; an earlier run's are not recorded (its
-`--seeds` need not be a table's own count, e.g. FedCVR-Bolt's `table1_seeds`), so it shows `-`.
+EPYC, then an Intel Xeon again, all 2 cores); runs since `run_info.json` recorded the CPU model
+name it in brackets. Compare wall times on one machine only. The seeds column is the claims'
+paired seeds of the folder's `verdicts.json`, which belong to its last run; an earlier run's
+are not recorded (its `--seeds` need not be a table's own count, e.g. FedCVR-Bolt's
+`table1_seeds`), so it shows `-`.
 
 {runs}
 """
