@@ -4,11 +4,11 @@
     python benchmarks/verdicts_table.py            # every claim (the table of docs/verdicts.md)
     python benchmarks/verdicts_table.py --write    # rewrites docs/verdicts.md
     python benchmarks/verdicts_table.py --summary  # counts per paper and profile (README)
+    python benchmarks/verdicts_table.py --runs     # each run's wall time and machine
 
 A claim measured in several folders of one paper, profile and size (a table rerun with more
 seeds) is counted once in the summary, by the folder with the most seeds; the table lists every
 row and marks the others superseded.
-    python benchmarks/verdicts_table.py --runs     # each run's wall time and machine
 """
 
 from __future__ import annotations
