@@ -32,11 +32,7 @@ import numpy as np
 from fedjax_sel.bench.common import machine_info, print_table, write_json_rows
 from fedjax_sel.kernels.affinity import normalize_rows
 from fedjax_sel.kernels.kmeans import adjusted_rand_index
-from fedjax_sel.kernels.spectral import (
-    DEFAULT_COALITIONS,
-    kernel_spectral_embedding,
-    spectral_clustering,
-)
+from fedjax_sel.kernels.spectral import coalition_embedding, spectral_clustering
 
 EIGENVALUE_FLOOR = 1e-4
 
@@ -65,20 +61,9 @@ def one_draw(seed: int, num_clients: int, dim: int, coalitions: int, batch: int,
     alone = labels(x, 1)
     batched = labels(x, batch)
     nudged = labels(x.at[0, 0].set(jnp.nextafter(x[0, 0], jnp.inf)), 1)
-    c = DEFAULT_COALITIONS  # FedCVR-Bolt's defaults; the embedding spectral_clustering uses
-    embed = jax.jit(
-        lambda x: kernel_spectral_embedding(
-            x,
-            coalitions,
-            key,
-            kind=c.affinity,
-            gamma=c.gamma,
-            coef0=c.coef0,
-            scaling=c.scaling,
-            solver=c.solver,
-            steps=c.krylov_steps,
-        )
-    )
+    # the embedding spectral_clustering clusters (its key split too), FedCVR-Bolt's defaults
+    k_embed, _ = jax.random.split(key)
+    embed = jax.jit(lambda x: coalition_embedding(x, coalitions, k_embed))
     eigenvalues = np.asarray(embed(x).eigenvalues)
 
     def ari(a, b, num_b=coalitions):

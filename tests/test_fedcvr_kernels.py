@@ -19,6 +19,7 @@ from fedjax_sel.kernels.covariance import covariance_update, init_covariance, va
 from fedjax_sel.kernels.kmeans import adjusted_rand_index, kmeans
 from fedjax_sel.kernels.spectral import (
     CoalitionConfig,
+    coalition_embedding,
     kernel_spectral_embedding,
     landmark_spectral_embedding,
     spectral_clustering,
@@ -161,6 +162,33 @@ def test_landmark_embedding_with_all_landmarks_is_exact():
         np.testing.assert_allclose(
             projector(land.points), projector(exact.points), atol=5e-3, err_msg=kind
         )
+
+
+def test_coalition_embedding_is_what_spectral_clustering_clusters():
+    """Exact path: the normalised adjacency's top eigenvalues (dense NumPy eigh of eq. 4's
+    row-normalised RBF affinity); landmark path with every client a landmark: the same
+    spectrum; and the coalitions are k-means on exactly this embedding (with the key split as
+    spectral_clustering splits it)."""
+    rng = np.random.default_rng(6)
+    x, _ = planted(rng, [9, 7, 8], spread=0.1)
+    p = 3
+    m, _ = dense_normalized_adjacency(
+        np.asarray(affinity_matrix(jnp.asarray(x), "rbf"), np.float64)
+    )
+    top = np.linalg.eigvalsh(m)[::-1][:p]
+    key = jax.random.key(7)
+    for config in (
+        CoalitionConfig(method="exact"),
+        CoalitionConfig(method="landmark", landmarks=24),
+    ):
+        emb = coalition_embedding(jnp.asarray(x), p, key, config)
+        np.testing.assert_allclose(
+            np.asarray(emb.eigenvalues), top, atol=1e-3, err_msg=config.method
+        )
+        k_embed, k_means = jax.random.split(key)
+        points = coalition_embedding(jnp.asarray(x), p, k_embed, config).points
+        expected = kmeans(k_means, points, p, n_init=config.n_init, max_iter=config.max_iter).labels
+        np.testing.assert_array_equal(spectral_clustering(jnp.asarray(x), p, key, config), expected)
 
 
 @pytest.mark.parametrize("method", ["exact", "landmark"])

@@ -362,40 +362,50 @@ class CoalitionConfig(NamedTuple):
 DEFAULT_COALITIONS = CoalitionConfig()
 
 
-@functools.partial(jax.jit, static_argnames=("num_clusters", "config"))
-def spectral_clustering(
+def coalition_embedding(
     x: Array, num_clusters: int, key: PRNGKey, config: CoalitionConfig = DEFAULT_COALITIONS
-) -> Array:
-    """Coalitions of the rows of ``x``: affinity, spectral embedding with ``num_clusters``
-    components, k-means with ``num_clusters`` clusters. Returns int32[K] labels (a label may be
-    unused when the points have fewer than ``num_clusters`` distinct positions)."""
+) -> Embedding:
+    """The spectral embedding (``num_clusters`` components) that :func:`spectral_clustering`
+    clusters under ``config``: the Nystrom landmark path or the exact path, by
+    :meth:`CoalitionConfig.uses_landmarks`. Its ``eigenvalues`` say how many components carry
+    structure above rounding (``benchmarks/coalition_conditioning.py``)."""
     x = jnp.asarray(x, jnp.float32)
     chex.assert_rank(x, 2)
     config.validate()
-    k_embed, k_means = jax.random.split(key)
     if config.uses_landmarks(x.shape[0]):
-        emb = landmark_spectral_embedding(
+        return landmark_spectral_embedding(
             x,
             num_clusters,
-            k_embed,
+            key,
             num_landmarks=config.landmarks,
             kind=config.affinity,
             gamma=config.gamma,
             coef0=config.coef0,
             scaling=config.scaling,
         )
-    else:
-        emb = kernel_spectral_embedding(
-            x,
-            num_clusters,
-            k_embed,
-            kind=config.affinity,
-            gamma=config.gamma,
-            coef0=config.coef0,
-            scaling=config.scaling,
-            solver=config.solver,
-            steps=config.krylov_steps,
-        )
+    return kernel_spectral_embedding(
+        x,
+        num_clusters,
+        key,
+        kind=config.affinity,
+        gamma=config.gamma,
+        coef0=config.coef0,
+        scaling=config.scaling,
+        solver=config.solver,
+        steps=config.krylov_steps,
+    )
+
+
+@functools.partial(jax.jit, static_argnames=("num_clusters", "config"))
+def spectral_clustering(
+    x: Array, num_clusters: int, key: PRNGKey, config: CoalitionConfig = DEFAULT_COALITIONS
+) -> Array:
+    """Coalitions of the rows of ``x``: affinity, spectral embedding with ``num_clusters``
+    components (:func:`coalition_embedding`), k-means with ``num_clusters`` clusters. Returns
+    int32[K] labels (a label may be unused when the points have fewer than ``num_clusters``
+    distinct positions)."""
+    k_embed, k_means = jax.random.split(key)
+    emb = coalition_embedding(x, num_clusters, k_embed, config)
     return kmeans(
         k_means, emb.points, num_clusters, n_init=config.n_init, max_iter=config.max_iter
     ).labels
