@@ -35,14 +35,12 @@ def _signed(x: float) -> str:
 def notes() -> list[str]:
     """The runs' notes on their claims (premises not met, sizes), one line per distinct note."""
     seen: dict[str, list[str]] = {}
-    for paper in PAPERS:
-        for path in sorted((RESULTS / paper).glob("*/verdicts.json")):
-            for v in json.loads(path.read_text()):
-                if v.get("note"):
-                    where = f"{paper} {v['profile']}-{v['size']}: {v['claim']}"
-                    seen.setdefault(v["note"], [])
-                    if where not in seen[v["note"]]:
-                        seen[v["note"]].append(where)
+    for paper, _, v in _entries():
+        if v.get("note"):
+            where = f"{paper} {v['profile']}-{v['size']}: {v['claim']}"
+            seen.setdefault(v["note"], [])
+            if where not in seen[v["note"]]:
+                seen[v["note"]].append(where)
     return [f"- {'; '.join(w)}: {note}" for note, w in seen.items()]
 
 
@@ -52,12 +50,16 @@ def claim_key(paper: str, v: dict) -> tuple:
             v["baseline"])  # fmt: skip
 
 
+def verdict_files() -> list[tuple[str, Path]]:
+    """``(paper, path)`` of every committed ``verdicts.json``, papers in :data:`PAPERS` order."""
+    return [(p, path) for p in PAPERS for path in sorted((RESULTS / p).glob("*/verdicts.json"))]
+
+
 def _entries() -> list[tuple[str, str, dict]]:
     """``(paper, folder, row)`` for every row of every committed ``verdicts.json``."""
     return [
         (paper, path.parent.name, v)
-        for paper in PAPERS
-        for path in sorted((RESULTS / paper).glob("*/verdicts.json"))
+        for paper, path in verdict_files()
         for v in json.loads(path.read_text())
     ]
 
@@ -78,11 +80,7 @@ def rows() -> tuple[list[str], list[str], Counter]:
     same claim supersedes says so) and the verdict counts of the deciding rows only."""
     entries = _entries()
     deciding = deciding_folders(entries)
-    files = [
-        str(path.relative_to(ROOT))
-        for paper in PAPERS
-        for path in sorted((RESULTS / paper).glob("*/verdicts.json"))
-    ]
+    files = [str(path.relative_to(ROOT)) for _, path in verdict_files()]
     lines, counts = [], Counter()
     for paper, folder, v in entries:
         verdict = VERDICT[v["verdict"]]
@@ -132,29 +130,29 @@ def runs() -> tuple[list[str], list[str]]:
     """One row per committed run that recorded ``run_info.json`` (the wall time of the whole
     reproduction and its machine); runs from before that file existed are listed without."""
     files, lines = [], []
-    for paper in PAPERS:
-        for folder in sorted(p.parent for p in (RESULTS / paper).glob("*/verdicts.json")):
-            info_path = folder / "run_info.json"
-            # the claims' paired seeds (a run's tables can have their own seed counts)
-            seeds = max(v["seeds"] for v in json.loads((folder / "verdicts.json").read_text()))
-            if not info_path.exists():
-                lines.append(f"| {paper} | {folder.name} | {seeds} | - | not recorded | - |")
-                continue
-            files.append(str(info_path.relative_to(ROOT)))
-            last = json.loads(info_path.read_text())
-            # every run into the folder, oldest first (run_info.json keeps the earlier ones)
-            history = [*last.get("earlier_runs", []), last]
-            for i, info in enumerate(history, 1):
-                name = folder.name
-                if len(history) > 1:
-                    name += f" ({i} of {len(history)})"
-                # the verdicts' seeds belong to the last run; an earlier one's are not recorded
-                # (its `--seeds` can differ from a table's own seed count, e.g. table1_seeds)
-                lines.append(
-                    f"| {paper} | {name} | {seeds if i == len(history) else '-'} | "
-                    f"{_options(info['options'])} | "
-                    f"{info['wall_seconds']:.1f} s | {_machine(info['machine'])} |"
-                )
+    for paper, verdicts in verdict_files():
+        folder = verdicts.parent
+        info_path = folder / "run_info.json"
+        # the claims' paired seeds (a run's tables can have their own seed counts)
+        seeds = max(v["seeds"] for v in json.loads(verdicts.read_text()))
+        if not info_path.exists():
+            lines.append(f"| {paper} | {folder.name} | {seeds} | - | not recorded | - |")
+            continue
+        files.append(str(info_path.relative_to(ROOT)))
+        last = json.loads(info_path.read_text())
+        # every run into the folder, oldest first (run_info.json keeps the earlier ones)
+        history = [*last.get("earlier_runs", []), last]
+        for i, info in enumerate(history, 1):
+            name = folder.name
+            if len(history) > 1:
+                name += f" ({i} of {len(history)})"
+            # the verdicts' seeds belong to the last run; an earlier one's are not recorded
+            # (its `--seeds` can differ from a table's own seed count, e.g. table1_seeds)
+            lines.append(
+                f"| {paper} | {name} | {seeds if i == len(history) else '-'} | "
+                f"{_options(info['options'])} | "
+                f"{info['wall_seconds']:.1f} s | {_machine(info['machine'])} |"
+            )
     return files, lines
 
 
