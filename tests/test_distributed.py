@@ -26,9 +26,10 @@ def _free_port() -> int:
 
 
 def _env():
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env.pop("XLA_FLAGS", None)
-    return env
+    # no forced device count from the caller's XLA_FLAGS; the suite's compile flags stay
+    return dict(
+        os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=os.environ.get("FEDJAX_SEL_TEST_XLA_FLAGS", "")
+    )
 
 
 def _records(path):

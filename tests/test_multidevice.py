@@ -59,7 +59,8 @@ def _run(tmp_path, devices, mode):
     out = tmp_path / f"out_{devices}_{mode.replace(':', '_')}.npz"
     env = dict(
         os.environ,
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} "
+        + os.environ.get("FEDJAX_SEL_TEST_XLA_FLAGS", ""),
         JAX_PLATFORMS="cpu",
     )
     r = subprocess.run(
