@@ -46,9 +46,11 @@ def test_any_flax_conv_model_switches_convolutions_without_new_parameters():
     patches = from_linen(Net(), name="net", input_shape=(8, 8, 2))
     xla = with_conv_impl(patches, "xla")
     assert (patches.conv_impl, xla.conv_impl) == ("patches", "xla")
-    params = patches.init(jax.random.key(0))
+    params = jax.jit(patches.init)(jax.random.key(0))
     x = jax.random.normal(jax.random.key(1), (5, 8, 8, 2))
-    np.testing.assert_allclose(patches.apply(params, x), xla.apply(params, x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        jax.jit(patches.apply)(params, x), jax.jit(xla.apply)(params, x), rtol=1e-5, atol=1e-5
+    )
     dense = from_linen(nn.Dense(3), name="dense", input_shape=(4,))
     assert dense.conv_impl is None and with_conv_impl(dense, "xla") is dense
 
@@ -65,8 +67,8 @@ def test_any_flax_conv_model_switches_convolutions_without_new_parameters():
 )
 def test_model_shapes(name, shape, classes, xdtype):
     m = make_model(name, input_shape=shape, num_classes=classes)
-    params = m.init(jax.random.key(0))
-    out = m.apply(params, jnp.zeros((3,) + shape, xdtype))
+    params = jax.jit(m.init)(jax.random.key(0))
+    out = jax.jit(m.apply)(params, jnp.zeros((3,) + shape, xdtype))
     assert out.shape == ((3,) if classes is None else (3, classes))
     assert m.task == ("regression" if classes is None else "classification")
 
@@ -74,16 +76,19 @@ def test_model_shapes(name, shape, classes, xdtype):
 def test_cnn_implementations_agree():
     a = make_model("cnn", input_shape=(12, 12, 1), num_classes=5, conv_impl="patches")
     b = make_model("cnn", input_shape=(12, 12, 1), num_classes=5, conv_impl="xla")
-    params = a.init(jax.random.key(0))
+    params = jax.jit(a.init)(jax.random.key(0))
     x = jax.random.uniform(jax.random.key(1), (4, 12, 12, 1))
     np.testing.assert_allclose(
-        np.asarray(a.apply(params, x)), np.asarray(b.apply(params, x)), rtol=1e-4, atol=1e-5
+        np.asarray(jax.jit(a.apply)(params, x)),
+        np.asarray(jax.jit(b.apply)(params, x)),
+        rtol=1e-4,
+        atol=1e-5,
     )
 
 
 def test_mlp_parameter_count_is_mnist_784_200_200_10():
     m = make_model("mlp", input_shape=(28, 28, 1), num_classes=10)
-    n = sum(x.size for x in jax.tree.leaves(m.init(jax.random.key(0))))
+    n = sum(x.size for x in jax.tree.leaves(jax.eval_shape(m.init, jax.random.key(0))))
     assert n == 784 * 200 + 200 + 200 * 200 + 200 + 200 * 10 + 10
 
 
@@ -104,17 +109,19 @@ def test_resnet18_through_make_model():
 
     model = make_model("resnet18", input_shape=(8, 8, 3), num_classes=5, width=4, ridge=0.1)
     direct = make_resnet18(input_shape=(8, 8, 3), num_classes=5, width=4)
-    params = model.init(jax.random.key(0))
+    params = jax.jit(model.init)(jax.random.key(0))
     x = jax.random.normal(jax.random.key(1), (2, 8, 8, 3))
-    np.testing.assert_array_equal(model.apply(params, x), direct.apply(params, x))
-    assert model.apply(params, x).shape == (2, 5)
+    # jitted: one program each instead of an eager dispatch per layer
+    out = jax.jit(model.apply)(params, x)
+    np.testing.assert_array_equal(out, jax.jit(direct.apply)(params, x))
+    assert out.shape == (2, 5)
     kernels = [
         leaf
         for path, leaf in jax.tree_util.tree_leaves_with_path(params)
         if "kernel" in jax.tree_util.keystr(path)
     ]
     expected = 0.05 * sum(float(np.sum(np.square(k))) for k in kernels)
-    np.testing.assert_allclose(float(model.regularizer(params)), expected, rtol=1e-5)
+    np.testing.assert_allclose(float(jax.jit(model.regularizer)(params)), expected, rtol=1e-5)
     with pytest.raises(ConfigError, match="width=5"):
         make_model("resnet18", input_shape=(8, 8, 3), num_classes=5, width=5, groups=2)
 
@@ -125,13 +132,15 @@ def _np_dense(p, x):
 
 def test_mlp_forward_matches_numpy():
     model = make_model("mlp", input_shape=(4, 3), num_classes=5, hidden=(7, 6))
-    params = model.init(jax.random.key(3))
+    params = jax.jit(model.init)(jax.random.key(3))
     x = np.random.default_rng(0).normal(size=(9, 4, 3)).astype(np.float32)
     h = x.reshape(9, -1).astype(np.float64)
     for name in ("Dense_0", "Dense_1"):
         h = np.maximum(_np_dense(params[name], h), 0.0)
     want = _np_dense(params["Dense_2"], h)
-    np.testing.assert_allclose(model.apply(params, jnp.asarray(x)), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        jax.jit(model.apply)(params, jnp.asarray(x)), want, rtol=1e-5, atol=1e-6
+    )
 
 
 def _np_lstm_layer(p, xs):
@@ -157,11 +166,11 @@ def test_char_lstm_forward_matches_numpy():
     model = make_model(
         "lstm", input_shape=(6,), num_classes=11, embed_dim=3, lstm_hidden=5, lstm_layers=2
     )
-    params = model.init(jax.random.key(2))
+    params = jax.jit(model.init)(jax.random.key(2))
     tokens = np.random.default_rng(1).integers(0, 11, (4, 6))
     xs = np.asarray(params["Embed_0"]["embedding"], np.float64)[tokens]
     for layer in ("OptimizedLSTMCell_0", "OptimizedLSTMCell_1"):
         xs = _np_lstm_layer(params[layer], xs)
     want = _np_dense(params["Dense_0"], xs[:, -1])
-    got = model.apply(params, jnp.asarray(tokens, jnp.int32))
+    got = jax.jit(model.apply)(params, jnp.asarray(tokens, jnp.int32))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

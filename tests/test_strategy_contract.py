@@ -74,20 +74,28 @@ def _simulation(name, dataset, args=None):
 def test_strategy_contract(name, args, dataset):
     sim, per_round = _simulation(name, dataset, args)
     state = sim.init(seed=0)
-    select = jax.jit(sim._select_phase)
-    # a second, independently built strategy and simulation: a fresh trace
-    fresh_select = jax.jit(_simulation(name, dataset, args)[0]._select_phase)
     structure = jax.tree.structure(state.strategy_state)
 
-    @jax.jit
-    @chex.assert_max_traces(n=1)
-    def round_fn(state, data):
-        return sim.round_fn(state, data)
+    def step(sim):
+        # the round and, beside it, its selection phase on the same state: one program per
+        # case (XLA merges the two identical selection computations), so the suite compiles
+        # each strategy once
+        def fn(state, data):
+            _, selection, available = sim._select_phase(state, data)
+            new_state, log = sim.round_fn(state, data)
+            return new_state, log, selection, available
+
+        return fn
+
+    round_fn = jax.jit(chex.assert_max_traces(step(sim), n=1))
+    # a second, independently built strategy and simulation: a fresh trace (of the same
+    # program, so it comes from the compilation cache)
+    fresh_round_fn = jax.jit(step(_simulation(name, dataset, args)[0]))
 
     try:
         for _ in range(3):
-            _, sel, available = select(state, sim.data)
-            _, sel2, _ = fresh_select(state, sim.data)
+            new_state, log, sel, available = round_fn(state, sim.data)
+            _, _, sel2, _ = fresh_round_fn(state, sim.data)
             clients, mask = np.asarray(sel.clients), np.asarray(sel.mask)
             weights, available = np.asarray(sel.weights), np.asarray(available)
             assert clients.shape == mask.shape == weights.shape == (per_round,)
@@ -99,7 +107,10 @@ def test_strategy_contract(name, args, dataset):
             assert np.all(np.isfinite(weights)) and np.all(weights >= 0)
             np.testing.assert_array_equal(clients, np.asarray(sel2.clients))
             np.testing.assert_array_equal(weights, np.asarray(sel2.weights))
-            state, _ = round_fn(state, sim.data)
+            # the round trained the selection it was given
+            np.testing.assert_array_equal(np.asarray(log.clients), clients)
+            np.testing.assert_array_equal(np.asarray(log.weights), weights)
+            state = new_state
             assert jax.tree.structure(state.strategy_state) == structure
     finally:
         chex.clear_trace_counter()
