@@ -183,8 +183,20 @@ def stack_states(states: list[SimState]) -> SimState:
     for s in states:
         if int(s.round) != int(first.round):
             raise ConfigError("stacked states must be at the same round")
-    rest = jax.tree.map(lambda *xs: jnp.stack(xs), *[s.replace(round=None) for s in states])
+    rest = _stack_trees([s.replace(round=None) for s in states])
     return rest.replace(round=first.round)
+
+
+@jax.jit
+def _stack_trees(trees: list) -> Any:
+    # one compiled program per state structure: stacking leaf by leaf outside jit compiles a
+    # small program for every distinct leaf shape
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+
+@jax.jit
+def _index_tree(tree: Any, i: Array) -> Any:
+    return jax.tree.map(lambda x: x[i], tree)
 
 
 def split_conv(spec: str) -> tuple[str, str | None]:
@@ -244,7 +256,8 @@ def _state_axes(states: SimState) -> SimState:
 
 def unstack_state(states: SimState, i: int) -> SimState:
     """Member ``i`` of a stacked state."""
-    return jax.tree.map(lambda x: x[i], states.replace(round=None)).replace(round=states.round)
+    member = _index_tree(states.replace(round=None), jnp.int32(i))
+    return member.replace(round=states.round)
 
 
 class Simulation:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -55,8 +56,10 @@ SUMMARY_METRICS = {
 
 
 # ----------------------------------------------------------------------------- statistics
+@functools.cache
 def t_critical(df: int, level: float = LEVEL) -> float:
-    """The two-sided Student-t critical value with ``df`` degrees of freedom."""
+    """The two-sided Student-t critical value with ``df`` degrees of freedom (memoised: a
+    reproduction's tables ask for the same few hundreds of times)."""
     from scipy import stats
 
     return float(stats.t.ppf(0.5 + level / 2, df))

@@ -166,7 +166,11 @@ def plot_curves(
         ax.legend()
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
+    # fixed margins for this one layout: tight_layout() would draw the figure an extra time,
+    # and a sweep writes one of these per run folder
+    fig.subplots_adjust(
+        left=0.065, right=0.99, bottom=0.12, top=0.88 if title else 0.96, wspace=0.2
+    )
     path = Path(path)
     fig.savefig(path, dpi=110)
     return path
