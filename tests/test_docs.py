@@ -10,8 +10,8 @@ percentage, 100 times some value).
 Examples: every ```python block runs (in a temporary folder); a block preceded by
 ``<!-- file: NAME -->`` is written to NAME first instead (a module the shell examples import).
 Every ``fedjax-sel`` command of a ```bash block parses; ``run``, ``sweep``, ``demo`` and
-``list`` commands also run, at a tiny size (two rounds, at most 200 clients), unless the
-command elides arguments with ``...``.
+``list`` commands also run, at a tiny size (two rounds, at most 200 clients, one local
+epoch), unless the command elides arguments with ``...``.
 """
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ def _tiny(argv: list[str]) -> list[str] | None:
     if command == "run":
         if "--distributed" in argv:
             return None
-        for flag, cap in (("--clients", 200), ("--per-round", 20)):
+        for flag, cap in (("--clients", 200), ("--per-round", 20), ("--local-epochs", 1)):
             if flag in argv and int(argv[argv.index(flag) + 1]) > cap:
                 argv[argv.index(flag) + 1] = str(cap)
         return argv + ["--rounds", "2", "--eval-every", "1", "--no-progress"]
