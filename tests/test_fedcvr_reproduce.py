@@ -115,6 +115,7 @@ def test_tiny_reproduction_verdicts_and_changed_rounds_rerun(tmp_path, monkeypat
     )
     assert cfg["config"]["model"] == "cnn" and cfg["config"]["strategy_args"]["sketch_dim"] == 300
     assert "cifar100" in results["absent"]
+    assert (out / "table2_cifar10_curves.png").is_file()  # named after the table that ran
     tables = (out / "tables.md").read_text()
     assert "57.06" in tables and "not run" in tables and "`code` profile is the `paper`" in tables
 

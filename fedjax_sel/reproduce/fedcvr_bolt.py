@@ -695,7 +695,8 @@ def run(
         claims += image_claims(name, tables)
         if "2" in tables:
             mechanism += mechanism_rows(study, name, "final_client_test_accuracy_mean", 100.0, ran)
-        plot_image_table(study, name, labels, out / f"table2_{name}_curves.png")
+        table = "2" if "2" in tables else "4"  # the curves of the table that ran
+        plot_image_table(study, name, labels, out / f"table{table}_{name}_curves.png")
         plot_bolt_diagnostics(study, name, out / f"diagnostics_{name}.png")
     if mechanism:
         for setting in dict.fromkeys(r["setting"] for r in mechanism):
