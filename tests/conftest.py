@@ -35,10 +35,11 @@ jax.config.update("jax_disable_most_optimizations", True)
 
 
 def _test_xla_flags() -> str:
-    """XLA flags for the suite: the CPU backend's classic fusion emitters compile the suite's
-    programs in about half the time of the newer MLIR emitters (a FilFL round: 4.7 s against
-    2.2 s on a 2-core Xeon). XLA aborts on a flag it does not know, so a jaxlib without this
-    one is probed once (the xdist workers and subprocesses inherit the answer)."""
+    """XLA flags for the suite: with most optimizations off, the CPU backend's classic fusion
+    emitters compile the suite's small programs faster than the newer MLIR emitters
+    (benchmarks/cpu_fusion_emitters.py; the whole suite took about half the time). XLA aborts
+    on a flag it does not know, so a jaxlib without this one is probed once (the xdist
+    workers and subprocesses inherit the answer)."""
     known = os.environ.get("FEDJAX_SEL_TEST_XLA_FLAGS")
     if known is not None:
         return known

@@ -77,9 +77,8 @@ def test_strategy_contract(name, args, dataset):
     structure = jax.tree.structure(state.strategy_state)
 
     def step(sim):
-        # the round and, beside it, its selection phase on the same state: one program per
-        # case (XLA merges the two identical selection computations), so the suite compiles
-        # each strategy once
+        # the round and, beside it, its selection phase on the same state: one compiled
+        # program per case instead of two
         def fn(state, data):
             _, selection, available = sim._select_phase(state, data)
             new_state, log = sim.round_fn(state, data)
