@@ -21,7 +21,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 FLAG = "--xla_cpu_use_fusion_emitters=false"
 EMITTERS = {"default": "", "classic": FLAG}
@@ -61,6 +60,7 @@ def worker(name: str, data_dir: str | None) -> dict:
     """One workload under this process's XLA flags: compile and steady seconds."""
     import jax
 
+    from fedjax_sel.bench.common import time_call
     from fedjax_sel.config import RunConfig
     from fedjax_sel.experiment.build import build_simulation
 
@@ -69,19 +69,10 @@ def worker(name: str, data_dir: str | None) -> dict:
     if data_dir is not None and fields["dataset"] == "mnist":
         fields["data_path"] = data_dir
     sim = build_simulation(RunConfig(**fields))
-    state = sim.init(0)
-    jax.block_until_ready(state)
-    t = time.perf_counter()
-    state, _ = sim.run_rounds(state, CHUNK)  # compiles the chunk, then runs it
-    jax.block_until_ready(state)
-    first = time.perf_counter() - t
-    steady = []
-    for _ in range(3):
-        t = time.perf_counter()
-        state, _ = sim.run_rounds(state, CHUNK)
-        jax.block_until_ready(state)
-        steady.append(time.perf_counter() - t)
-    chunk = min(steady)
+    state = jax.block_until_ready(sim.init(0))
+    # the first call compiles the chunk, then runs it; the steady chunk is the fastest repeat
+    t = time_call(lambda: sim.run_rounds(state, CHUNK)[0], repeats=3, warmup=1)
+    first, chunk = t["first_seconds"], t["min_seconds"]
     return {"compile_seconds": first - chunk, "seconds_per_round": chunk / CHUNK}
 
 
