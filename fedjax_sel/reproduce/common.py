@@ -91,7 +91,10 @@ class Claim:
     (the paper's own numbers: ``paper_value`` for ``label``), in ``setting``.
 
     ``scale``: multiplies our values before comparing and reporting (100 for accuracies
-    quoted in percent)."""
+    quoted in percent). ``contrast``: a pair ``(label2, baseline2)`` makes the claim a
+    difference of differences, ``(label - baseline) - (label2 - baseline2)`` paired over
+    seeds (an interaction: a change helps one policy more than another); ``paper_value`` is
+    then the paper's ``label - baseline`` and "ours" our paired ``label - baseline``."""
 
     claim: str
     setting: str
@@ -103,6 +106,7 @@ class Claim:
     higher_is_better: bool = True
     scale: float = 100.0
     note: str = ""
+    contrast: tuple[str, str] | None = None
 
 
 # ----------------------------------------------------------------------------- every cell
@@ -217,12 +221,8 @@ class Study:
 
     def stat(self, setting: str, label: str, metric: str, scale: float = 1.0) -> dict[str, Any]:
         """Mean, 95% CI and standard deviation over seeds of ``scale * metric``."""
-        v = np.asarray(list(self.values(setting, label, metric).values()), np.float64) * scale
-        if v.size == 0:
-            return {"mean": None, "ci_low": None, "ci_high": None, "std": None, "seeds": 0}
-        m, lo, hi = mean_ci(v)
-        sd = float(np.std(v, ddof=1)) if v.size > 1 else None
-        return {"mean": m, "ci_low": lo, "ci_high": hi, "std": sd, "seeds": int(v.size)}
+        v = np.asarray(list(self.values(setting, label, metric).values()), np.float64)
+        return summary_stat(v * scale)
 
     def cell_text(
         self, setting: str, label: str, metric: str, scale: float = 100.0, digits: int = 2
@@ -235,14 +235,20 @@ class Study:
         return f"{s['mean']:.{digits}f} [{s['ci_low']:.{digits}f}, {s['ci_high']:.{digits}f}]"
 
     def verdict_row(self, c: Claim) -> dict[str, Any]:
-        """The ``verdicts.json`` row of a claim (paired over the seeds both methods have)."""
-        x = self.values(c.setting, c.label, c.metric)
-        b = self.values(c.setting, c.baseline, c.metric)
-        common = sorted(set(x) & set(b))
-        xs = np.asarray([x[s] for s in common], np.float64) * c.scale
-        bs = np.asarray([b[s] for s in common], np.float64) * c.scale
-        ours = self.stat(c.setting, c.label, c.metric, c.scale)
+        """The ``verdicts.json`` row of a claim (paired over the seeds every method it reads
+        has)."""
+        labels = (c.label, c.baseline, *(c.contrast or ()))
+        values = [self.values(c.setting, label, c.metric) for label in labels]
+        common = sorted(set.intersection(*(set(v) for v in values)))
+        xs, bs, *contrast = (
+            np.asarray([v[s] for s in common], np.float64) * c.scale for v in values
+        )
         d = xs - bs
+        if contrast:  # ours: the method's own paired gain; the verdict: gain minus gain
+            ours = summary_stat(d)
+            d = d - (contrast[0] - contrast[1])
+        else:
+            ours = self.stat(c.setting, c.label, c.metric, c.scale)
         if d.size:
             dm, dlo, dhi = mean_ci(d)
         else:
@@ -255,8 +261,8 @@ class Study:
             "profile": self.profile,
             "size": self.size,
             "setting": c.setting,
-            "method": c.label,
-            "baseline": c.baseline,
+            "method": c.label if not c.contrast else f"{c.label} - {c.baseline}",
+            "baseline": c.baseline if not c.contrast else " - ".join(c.contrast),
             "metric": c.metric,
             "seeds": int(d.size),
             "paper_value": c.paper_value,
@@ -289,6 +295,15 @@ class Study:
         write_json(self.out / "verdicts.json", rows)
         write_json(self.out / "cells.json", summarize_cells(self.out))
         return rows
+
+
+def summary_stat(v: np.ndarray) -> dict[str, Any]:
+    """Mean, 95% CI, standard deviation and count of the per-seed values ``v``."""
+    if v.size == 0:
+        return {"mean": None, "ci_low": None, "ci_high": None, "std": None, "seeds": 0}
+    m, lo, hi = mean_ci(v)
+    sd = float(np.std(v, ddof=1)) if v.size > 1 else None
+    return {"mean": m, "ci_low": lo, "ci_high": hi, "std": sd, "seeds": int(v.size)}
 
 
 def verdict_table(rows: Sequence[dict[str, Any]]) -> str:
