@@ -291,7 +291,7 @@ def test_table1_without_extras_runs_the_claimed_rows_only(tiny, capsys):
 
 
 def test_table3_without_extras_runs_the_claimed_configurations_only(tiny):
-    """``--option table3_extras=false``: Table III runs the six configurations its four claims
+    """``--option table3_extras=false``: Table III runs the six configurations its five claims
     compare (two rows of the grid are each other's configuration and run once), and each
     claim's paired difference is the one recomputed from the run folders, also where the
     baseline is a row that shares another row's runs."""

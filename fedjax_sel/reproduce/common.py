@@ -261,8 +261,9 @@ class Study:
             "profile": self.profile,
             "size": self.size,
             "setting": c.setting,
-            "method": c.label if not c.contrast else f"{c.label} - {c.baseline}",
-            "baseline": c.baseline if not c.contrast else " - ".join(c.contrast),
+            # a contrast's row names both differences: "A - B" vs "C - D"
+            "method": " - ".join((c.label, c.baseline)) if c.contrast else c.label,
+            "baseline": " - ".join(c.contrast) if c.contrast else c.baseline,
             "metric": c.metric,
             "seeds": int(d.size),
             "paper_value": c.paper_value,

@@ -375,8 +375,9 @@ def table3_claims(setting: str, ablation_rounds: int = PAPER_ABLATION_ROUNDS) ->
             )
         )
     # "the synergy between strong regularisation and ... an explorative selection strategy":
-    # mu's gain for the explorative policy minus its gain for the exploitative one
-    explorative, exploitative = out[0], out[1]
+    # mu's gain for the explorative policy minus its gain for the exploitative one (the first
+    # two rows of TABLE3_CLAIMS)
+    explorative, exploitative = out[:2]
     out.append(
         dataclasses.replace(
             explorative,
