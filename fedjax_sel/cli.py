@@ -8,6 +8,7 @@
     fedjax-sel run --resume DIR     # continue a killed run from its checkpoint
     fedjax-sel sweep FILE.toml --out DIR            # strategies x settings x seeds, compared
     fedjax-sel compare DIR... --baseline NAME --out DIR
+    fedjax-sel suite FILE.toml --out DIR            # the selection benchmark: leaderboard
     fedjax-sel bench throughput|kernels|sweep ...   # JSON + printed table
     fedjax-sel reproduce NAME --profile paper|code --size cpu|paper --seeds N --out DIR
 
@@ -126,6 +127,46 @@ def cmd_sweep(a: argparse.Namespace) -> int:
         compare_results=not a.no_compare,
     )
     print(f"\nsweep written to {out}/ (runs/, comparison.json, comparison.md, comparison.png)")
+    return 0
+
+
+def cmd_suite(a: argparse.Namespace) -> int:
+    from fedjax_sel.config import read_config_file
+    from fedjax_sel.experiment import leaderboard
+    from fedjax_sel.experiment.suite import parse_suite, run_suite
+    from fedjax_sel.registry import parse_pairs
+
+    spec = dict(read_config_file(a.file))
+    if a.set:
+        spec["override"] = {}
+        for item in a.set:
+            spec["override"].update(parse_pairs(item, what="--set"))
+    if a.seeds is not None:
+        spec["suite"] = {**spec.get("suite", {}), "seeds": a.seeds}
+    if a.no_tuning:
+        spec.pop("tuning", None)
+    suite = parse_suite(spec)
+    out = Path(a.out or f"runs/suite-{Path(a.file).stem}")
+    tasks = None
+    if a.tasks:
+        tasks = [t.strip() for t in a.tasks.split(",") if t.strip()]
+        unknown = sorted(set(tasks) - {t.name for t in suite.tasks})
+        if unknown:
+            raise ConfigError(
+                f"--tasks names {unknown}, not tasks of {a.file} ({[t.name for t in suite.tasks]})"
+            )
+    if a.report_only:
+        leaderboard.write(suite, out)
+        return 0
+    together = a.seeds_together
+    if together is not None and together != "auto":
+        try:
+            together = int(together)
+        except ValueError:
+            raise ConfigError(
+                f"--seeds-together must be 'auto' or a number, got {together!r}"
+            ) from None
+    run_suite(suite, out, seeds_together=together, progress=not a.no_progress, only_tasks=tasks)
     return 0
 
 
@@ -369,6 +410,35 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seeds", type=int, default=None, help="override the file's seeds")
     p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser(
+        "suite",
+        help="the selection benchmark: tasks x scenarios x strategies x paired seeds, resumable, "
+        "with a leaderboard",
+    )
+    p.add_argument("file", help="suite file (TOML or JSON; see benchmarks/selection/cpu.toml)")
+    p.add_argument("--out", default=None, help="output folder (default runs/suite-<file>)")
+    p.add_argument(
+        "--seeds-together",
+        default=None,
+        help="seeds per vmapped batch: auto (by memory) or a number (default: the file's)",
+    )
+    p.add_argument("--tasks", default=None, help="run only these tasks (comma-separated)")
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a setting in every cell (e.g. rounds=4 for a quick check); repeatable",
+    )
+    p.add_argument("--seeds", type=int, default=None, help="override the file's evaluation seeds")
+    p.add_argument("--no-tuning", action="store_true", help="skip tuning: every task's own lr")
+    p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="run nothing: rebuild the leaderboard from the per-seed records in --out",
+    )
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_suite)
 
     p = sub.add_parser("compare", help="paired comparison of finished runs over seeds")
     p.add_argument("dirs", nargs="+", help="run or sweep folders (searched recursively)")

@@ -252,6 +252,13 @@ class RunConfig:
     eval_every: int = setting(
         10, "rounds per compiled chunk and between evaluations", group=_R, minimum=1
     )
+    eval_tail: int = setting(
+        0,
+        "the last N rounds are each evaluated, and stable_accuracy is their mean (0: the mean "
+        "of the last 10 evaluations)",
+        group=_R,
+        minimum=0,
+    )
     seed: int = setting(0, "run seed: initial model, availability, selection, training", group=_R)
     data_seed: int | None = setting(
         None, "partition / generator seed (default: the run seed)", group=_R

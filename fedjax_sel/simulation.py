@@ -947,7 +947,12 @@ class Simulation:
             has = count > 0
             n = jnp.maximum(jnp.sum(has), 1)
             out["client_test_loss_mean"] = jnp.sum(jnp.where(has, loss_k, 0.0)) / n
-            out["client_test_accuracy_mean"] = jnp.sum(jnp.where(has, acc_k, 0.0)) / n
+            mean_acc = jnp.sum(jnp.where(has, acc_k, 0.0)) / n
+            out["client_test_accuracy_mean"] = mean_acc
+            # the spread of accuracy over clients (population std over those with test data)
+            out["client_test_accuracy_std"] = jnp.sqrt(
+                jnp.sum(jnp.where(has, (acc_k - mean_acc) ** 2, 0.0)) / n
+            )
         if self.strategy.metrics is not None:
             out.update(self.strategy.metrics(strategy_state, params, evaluator))
         return out

@@ -225,14 +225,30 @@ def _summary(member: Member, engine: Engine, i: int) -> dict[str, Any]:
         "seed": config.seed,
         "rounds_completed": member.done,
         **(
-            metrics_lib.accuracy_summary([e.get("test_accuracy") for e in evals])
+            metrics_lib.accuracy_summary(
+                [e.get("test_accuracy") for e in evals],
+                **(
+                    {"window": config.eval_tail, "rounds": [e["round"] for e in evals]}
+                    if config.eval_tail > 0
+                    else {}
+                ),
+            )
             if engine.task == "classification"
             else {}
+        ),
+        "stable_window": (
+            f"last {config.eval_tail} rounds, each evaluated"
+            if config.eval_tail > 0
+            else "last 10 evaluations"
         ),
         **metrics_lib.loss_summary([e.get("test_loss") for e in evals]),
         **{
             f"final_{key}": evals[-1][key]
-            for key in ("client_test_accuracy_mean", "client_test_loss_mean")
+            for key in (
+                "client_test_accuracy_mean",
+                "client_test_loss_mean",
+                "client_test_accuracy_std",
+            )
             if evals and evals[-1].get(key) is not None
         },
         **engine.summary(i, evals),
@@ -321,7 +337,7 @@ def drive(
     try:
         while any(m.running for m in members):
             done = members[0].done
-            n = min(config.eval_every, config.rounds - done)
+            n = chunk_length(config, done)
             if trace_dir is not None and chunk_index == 1:
                 jax.profiler.start_trace(str(trace_dir))
                 tracing = True
@@ -397,6 +413,15 @@ def drive(
             if f is not None:
                 f.close()
     return [r for r in results if r is not None]
+
+
+def chunk_length(config: RunConfig, done: int) -> int:
+    """Rounds of the next chunk after ``done``: ``eval_every``, cut at the start of the last
+    ``eval_tail`` rounds, inside which every round is its own chunk (and evaluation)."""
+    tail_start = config.rounds - min(config.eval_tail, config.rounds)
+    if done >= tail_start:
+        return 1
+    return min(config.eval_every, tail_start - done)
 
 
 def program_key(config: RunConfig) -> str:

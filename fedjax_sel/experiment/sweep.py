@@ -198,10 +198,12 @@ def run_cells(
     seeds_together: int | str = "auto",
     progress: bool = True,
     echo: Callable = print,
+    bar: Any = None,
 ) -> list[run_lib.RunResult]:
     """Runs every unfinished cell (finished ones are read back): cells that share a compiled
     program run together in vmapped batches of ``seeds_together`` seeds (``"auto"``: as many
-    as fit the memory, :func:`fedjax_sel.experiment.run.batch_size`)."""
+    as fit the memory, :func:`fedjax_sel.experiment.run.batch_size`). ``bar``: a progress bar
+    of the caller's to advance (a suite's), instead of one of its own."""
     results: dict[int, run_lib.RunResult] = {}
     todo = []
     for i, cell in enumerate(cells):
@@ -215,8 +217,10 @@ def run_cells(
     groups: dict[str, list[int]] = {}
     for i in todo:
         groups.setdefault(run_lib.program_key(cells[i].config), []).append(i)
-    bar = None
-    if progress and todo:
+    own_bar = bar is None
+    if bar is not None:
+        bar.update(sum(cells[i].config.rounds for i in range(len(cells)) if i not in todo))
+    elif progress and todo:
         from tqdm.auto import tqdm
 
         total = sum(cells[i].config.rounds for i in todo)
@@ -238,7 +242,7 @@ def run_cells(
                 results[i] = r
             release_compiled_programs()
     finally:
-        if bar is not None:
+        if bar is not None and own_bar:
             bar.close()
     return [results[i] for i in range(len(cells))]
 

@@ -1,0 +1,778 @@
+"""The client-selection benchmark: every strategy on shared tasks and scenarios, paired seeds,
+in one command (``fedjax-sel suite FILE.toml --out DIR``; docs/benchmark.md).
+
+A suite file (TOML or JSON) names tasks, scenarios and strategies; the suite runs their product
+over paired seeds. Each section's keys are :class:`~fedjax_sel.config.RunConfig` fields, plus a
+few suite keys (marked *suite* below)::
+
+    [suite]
+    name = "cpu"
+    seeds = 10                # evaluation seeds (or a list); every strategy runs the same ones
+    baseline = "uniform"      # the strategy every other is paired against
+    stable_fraction = 0.1     # stable accuracy: mean of the last 10% of rounds, each evaluated
+    seeds_together = "auto"   # seeds per vmapped batch
+    ranking = "headline"      # the metric ranked: each scenario's headline, or a metric name
+
+    [tuning]                  # the same budget for every strategy: its client lr from a grid,
+    lr = [0.03, 0.1, 0.3]     # chosen on separate seeds, then compared on the evaluation seeds
+    seeds = [1000, 1001]
+    metric = "stable_accuracy"
+    scenario = "ideal"        # tuned once per task in this scenario ("each": in every scenario)
+
+    [tasks.digits]            # RunConfig fields, and (suite) target, budgets, lr_grid
+    dataset = "digits"
+    target = 0.8              # suite: rounds/time to this test accuracy
+    budgets = [20, 40]        # suite: accuracy after these many rounds
+
+    [scenarios.devices]       # RunConfig fields, and (suite) headline, deadline_quantile
+    system = "lognormal"
+    deadline_quantile = 0.5   # suite: deadline = this quantile of a uniform round's length
+    headline = "time_to_target"
+
+    [[strategies]]            # RunConfig fields, and (suite) label, note, not_applicable
+    strategy = "ca_fed"
+    per_round = "all"         # every client has a slot (K of the task)
+    note = "paper: every available client, weights alpha/pi"
+    not_applicable = { "ideal" = "reason" }   # by scenario, task or "task/scenario"
+
+    [override]                # optional: set in every cell, last (the CLI's --set rounds=2)
+
+Every cell (phase, task, scenario, strategy, seed) is a run folder under ``OUT/runs/`` (scratch,
+resumed from its checkpoint when killed) and, once finished, a record of its metrics in
+``OUT/per_seed/<task>.json``: the committed per-seed values every statistic is computed from. A
+record carries the hash of its configuration and the suite's code version; a cell whose record
+matches is never rerun (a suite can be finished over several runs on several machines), one
+whose configuration or version changed is recomputed, never mixed.
+:mod:`fedjax_sel.experiment.leaderboard` turns the records into ``leaderboard.json/csv/md``,
+``ranking.json`` and the pictures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedjax_sel.base import ConfigError
+from fedjax_sel.config import RunConfig, read_config_file
+from fedjax_sel.experiment.outputs import read_json, write_json
+
+# Bump when what a cell's record means changes (a metric's definition, the engine's numbers):
+# records of another version are recomputed, never mixed with this one's.
+SUITE_VERSION = 1
+
+# metrics every cell records (those that apply to its run); larger is better unless listed
+CELL_METRICS = (
+    "final_accuracy",
+    "peak_accuracy",
+    "stable_accuracy",
+    "rounds_to_target",
+    "time_to_target",
+    "jain_fairness",
+    "client_accuracy_std",
+    "deadline_hit_share",
+)
+LOWER_IS_BETTER = frozenset(
+    {"rounds_to_target", "time_to_target", "client_accuracy_std", "deadline_hit_share"}
+)
+
+SUITE_KEYS = {"name", "seeds", "baseline", "stable_fraction", "seeds_together", "ranking"}
+TUNING_KEYS = {"lr", "seeds", "metric", "scenario"}
+TASK_KEYS = {"target", "budgets", "lr_grid"}
+SCENARIO_KEYS = {"headline", "deadline_quantile"}
+STRATEGY_KEYS = {"label", "note", "not_applicable"}
+
+
+def higher_is_better(metric: str) -> bool:
+    return metric not in LOWER_IS_BETTER
+
+
+@dataclasses.dataclass
+class Task:
+    name: str
+    fields: dict[str, Any]
+    target: float | None = None
+    budgets: tuple[int, ...] = ()
+    lr_grid: tuple[float, ...] | None = None
+
+
+@dataclasses.dataclass
+class Scenario:
+    name: str
+    fields: dict[str, Any]
+    headline: str = "stable_accuracy"
+    deadline_quantile: float | None = None
+
+
+@dataclasses.dataclass
+class Entry:
+    """One strategy of the suite: its label, RunConfig fields, note and where it cannot run."""
+
+    label: str
+    fields: dict[str, Any]
+    note: str = ""
+    not_applicable: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def reason(self, task: str, scenario: str) -> str | None:
+        """Why this strategy cannot run in (task, scenario), or ``None``."""
+        for key in (f"{task}/{scenario}", task, scenario):
+            if key in self.not_applicable:
+                return self.not_applicable[key]
+        return None
+
+
+@dataclasses.dataclass
+class Tuning:
+    lr: tuple[float, ...] = ()
+    seeds: tuple[int, ...] = ()
+    metric: str = "stable_accuracy"
+    scenario: str | None = None  # None: the first scenario; "each": every scenario
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.lr) and bool(self.seeds)
+
+
+@dataclasses.dataclass
+class Suite:
+    name: str
+    tasks: list[Task]
+    scenarios: list[Scenario]
+    strategies: list[Entry]
+    seeds: list[int]
+    baseline: str
+    tuning: Tuning
+    stable_fraction: float = 0.1
+    seeds_together: int | str = "auto"
+    ranking: str = "headline"
+    source: dict[str, Any] = dataclasses.field(default_factory=dict)
+    override: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def tuning_scenario(self, scenario: str) -> str:
+        """The scenario whose tuning a cell of ``scenario`` uses."""
+        if self.tuning.scenario == "each":
+            return scenario
+        return self.tuning.scenario or self.scenarios[0].name
+
+    def rank_metric(self, scenario: Scenario) -> str:
+        return scenario.headline if self.ranking == "headline" else self.ranking
+
+
+# ----------------------------------------------------------------------------- parsing
+def _table(spec: Mapping[str, Any], key: str) -> dict[str, Any]:
+    value = spec.get(key, {})
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"suite: [{key}] must be a table, got {value!r}")
+    return dict(value)
+
+
+def _check_fields(where: str, fields: Mapping[str, Any]) -> None:
+    names = {f.name for f in dataclasses.fields(RunConfig)}
+    unknown = sorted(set(fields) - names)
+    if unknown:
+        raise ConfigError(
+            f"suite: {where}: unknown key(s) {unknown} (RunConfig fields or suite keys)"
+        )
+    for bad in ("seed", "label", "data_seed"):
+        if bad in fields:
+            raise ConfigError(f"suite: {where}: {bad!r} is set by the suite, not the file")
+
+
+def _seed_list(value: Any, where: str) -> list[int]:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return list(range(value))
+    if isinstance(value, list) and value and all(isinstance(s, int) for s in value):
+        if len(set(value)) != len(value):
+            raise ConfigError(f"suite: {where} repeats a seed: {value}")
+        return list(value)
+    raise ConfigError(f"suite: {where} must be a positive number or a list of seeds, got {value!r}")
+
+
+def _numbers(value: Any, where: str, *, positive: bool = False) -> tuple[float, ...]:
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"suite: {where} must be a non-empty list, got {value!r}")
+    out = []
+    for v in value:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ConfigError(f"suite: {where} holds {v!r}, not a number")
+        if positive and v <= 0:
+            raise ConfigError(f"suite: {where} holds {v!r}; every value must be positive")
+        out.append(float(v))
+    return tuple(out)
+
+
+def parse_suite(spec: Mapping[str, Any]) -> Suite:
+    """A :class:`Suite` from the mapping of a suite file (see the module docstring)."""
+    unknown = set(spec) - {"suite", "tuning", "tasks", "scenarios", "strategies", "override"}
+    if unknown:
+        raise ConfigError(
+            f"suite: unknown section(s) {sorted(unknown)}; use suite, tuning, tasks, scenarios, "
+            "strategies (and override)"
+        )
+    override = _table(spec, "override")
+    _check_fields("[override]", override)
+    options = _table(spec, "suite")
+    bad = set(options) - SUITE_KEYS
+    if bad:
+        raise ConfigError(
+            f"suite: unknown [suite] key(s) {sorted(bad)}; known: {sorted(SUITE_KEYS)}"
+        )
+    tasks = []
+    for name, table in _table(spec, "tasks").items():
+        if not isinstance(table, Mapping):
+            raise ConfigError(f"suite: [tasks.{name}] must be a table")
+        fields = {k: v for k, v in table.items() if k not in TASK_KEYS}
+        _check_fields(f"[tasks.{name}]", fields)
+        target = table.get("target")
+        if target is not None and not (isinstance(target, (int, float)) and 0 < target <= 1):
+            raise ConfigError(
+                f"suite: [tasks.{name}] target must be an accuracy in (0, 1], got {target!r}"
+            )
+        budgets = (
+            tuple(
+                int(b) for b in _numbers(table["budgets"], f"[tasks.{name}] budgets", positive=True)
+            )
+            if "budgets" in table
+            else ()
+        )
+        lr_grid = (
+            _numbers(table["lr_grid"], f"[tasks.{name}] lr_grid", positive=True)
+            if "lr_grid" in table
+            else None
+        )
+        tasks.append(
+            Task(str(name), fields, None if target is None else float(target), budgets, lr_grid)
+        )
+    scenarios = []
+    for name, table in _table(spec, "scenarios").items():
+        if not isinstance(table, Mapping):
+            raise ConfigError(f"suite: [scenarios.{name}] must be a table")
+        fields = {k: v for k, v in table.items() if k not in SCENARIO_KEYS}
+        _check_fields(f"[scenarios.{name}]", fields)
+        q = table.get("deadline_quantile")
+        if q is not None:
+            if not (isinstance(q, (int, float)) and 0 < q < 1):
+                raise ConfigError(
+                    f"suite: [scenarios.{name}] deadline_quantile must be in (0, 1), got {q!r}"
+                )
+            if "deadline" in fields:
+                raise ConfigError(
+                    f"suite: [scenarios.{name}] gives deadline and deadline_quantile; give one"
+                )
+            if not fields.get("system"):
+                raise ConfigError(
+                    f"suite: [scenarios.{name}] deadline_quantile needs a system model "
+                    "(system = ...)"
+                )
+        headline = str(table.get("headline", "stable_accuracy"))
+        if headline not in CELL_METRICS:
+            raise ConfigError(
+                f"suite: [scenarios.{name}] headline {headline!r} is not one of "
+                f"{list(CELL_METRICS)}"
+            )
+        scenarios.append(Scenario(str(name), fields, headline, None if q is None else float(q)))
+    if not tasks or not scenarios:
+        raise ConfigError("suite: needs at least one [tasks.NAME] and one [scenarios.NAME] table")
+    entries = []
+    raw = spec.get("strategies") or []
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError("suite: needs a list of [[strategies]] entries")
+    names = {t.name for t in tasks} | {s.name for s in scenarios}
+    names |= {f"{t.name}/{s.name}" for t in tasks for s in scenarios}
+    for entry in raw:
+        if not isinstance(entry, Mapping) or "strategy" not in entry:
+            raise ConfigError(
+                f"suite: each [[strategies]] entry needs strategy = NAME, got {entry!r}"
+            )
+        fields = {k: v for k, v in entry.items() if k not in STRATEGY_KEYS}
+        _check_fields(
+            f"strategy {entry['strategy']!r}", {k: v for k, v in fields.items() if k != "per_round"}
+        )
+        na = dict(entry.get("not_applicable") or {})
+        wrong = sorted(set(na) - names)
+        if wrong:
+            raise ConfigError(
+                f"suite: strategy {entry['strategy']!r}: not_applicable names {wrong}, which are "
+                "no task, scenario or task/scenario of this suite"
+            )
+        entries.append(
+            Entry(
+                str(entry.get("label") or entry["strategy"]),
+                fields,
+                str(entry.get("note", "")),
+                {str(k): str(v) for k, v in na.items()},
+            )
+        )
+    labels = [e.label for e in entries]
+    if len(set(labels)) != len(labels):
+        raise ConfigError(
+            f"suite: strategy labels must be distinct (set label = ...), got {labels}"
+        )
+    baseline = str(options.get("baseline", "uniform"))
+    if baseline not in labels:
+        raise ConfigError(f"suite: baseline {baseline!r} is not one of the strategies {labels}")
+    seeds = _seed_list(options.get("seeds", 10), "[suite] seeds")
+    t = _table(spec, "tuning")
+    bad = set(t) - TUNING_KEYS
+    if bad:
+        raise ConfigError(
+            f"suite: unknown [tuning] key(s) {sorted(bad)}; known: {sorted(TUNING_KEYS)}"
+        )
+    tuning = Tuning()
+    if t:
+        tuning = Tuning(
+            _numbers(t["lr"], "[tuning] lr", positive=True) if "lr" in t else (),
+            tuple(_seed_list(t.get("seeds", [1000, 1001]), "[tuning] seeds")),
+            str(t.get("metric", "stable_accuracy")),
+            None if t.get("scenario") is None else str(t["scenario"]),
+        )
+        if set(tuning.seeds) & set(seeds):
+            raise ConfigError(
+                f"suite: tuning seeds {sorted(set(tuning.seeds) & set(seeds))} are also evaluation "
+                "seeds; a tuned comparison must not reuse its tuning seeds"
+            )
+        if tuning.metric not in CELL_METRICS:
+            raise ConfigError(
+                f"suite: [tuning] metric {tuning.metric!r} is not one of {list(CELL_METRICS)}"
+            )
+        if tuning.scenario not in (None, "each") and tuning.scenario not in {
+            s.name for s in scenarios
+        }:
+            raise ConfigError(
+                f"suite: [tuning] scenario {tuning.scenario!r} is not a scenario of the suite"
+            )
+    fraction = options.get("stable_fraction", 0.1)
+    if not (isinstance(fraction, (int, float)) and 0 < fraction <= 1):
+        raise ConfigError(f"suite: stable_fraction must be in (0, 1], got {fraction!r}")
+    together = options.get("seeds_together", "auto")
+    if together != "auto" and not (isinstance(together, int) and together >= 1):
+        raise ConfigError(f"suite: seeds_together must be 'auto' or >= 1, got {together!r}")
+    ranking = str(options.get("ranking", "headline"))
+    if ranking != "headline" and ranking not in CELL_METRICS:
+        raise ConfigError(f"suite: ranking must be 'headline' or one of {list(CELL_METRICS)}")
+    suite = Suite(
+        str(options.get("name", "suite")),
+        tasks,
+        scenarios,
+        entries,
+        seeds,
+        baseline,
+        tuning,
+        float(fraction),
+        together,
+        ranking,
+        dict(spec),
+        override,
+    )
+    for task in suite.tasks:  # every cell's configuration is valid before anything runs
+        for scenario in suite.scenarios:
+            for e in suite.strategies:
+                if e.reason(task.name, scenario.name) is None:
+                    cell_config(suite, task, scenario, e, seed=0, lr=None, deadline=1.0).resolve()
+    return suite
+
+
+def load_suite(path: str | Path) -> Suite:
+    return parse_suite(read_config_file(path))
+
+
+# ----------------------------------------------------------------------------- cells
+def cell_config(
+    suite: Suite,
+    task: Task,
+    scenario: Scenario,
+    entry: Entry,
+    *,
+    seed: int,
+    lr: float | None,
+    deadline: float | None,
+) -> RunConfig:
+    """The configuration of one cell: the task's fields, then the scenario's, then the
+    strategy's; ``per_round = "all"`` is the task's number of clients."""
+    fields = {**task.fields, **scenario.fields, **entry.fields, **suite.override}
+    if fields.get("per_round") == "all":
+        if task.fields.get("num_clients") is None:
+            raise ConfigError(
+                f"suite: strategy {entry.label!r} has per_round = 'all', so task {task.name!r} "
+                "must give num_clients"
+            )
+        fields["per_round"] = task.fields["num_clients"]
+    if lr is not None:
+        fields["lr"] = lr
+    if scenario.deadline_quantile is not None:
+        fields["deadline"] = deadline
+    rounds = int(fields.get("rounds", RunConfig.rounds))
+    fields["eval_tail"] = max(1, math.ceil(suite.stable_fraction * rounds))
+    if task.target is not None:
+        fields["accuracy_targets"] = [task.target]
+    return RunConfig.from_dict(
+        {**fields, "seed": seed, "label": entry.label},
+        source=f"suite cell {task.name}/{scenario.name}",
+    ).validate()
+
+
+def cell_key(config: RunConfig) -> str:
+    """What a cell's record must match to be reused: every setting that can change its results
+    (but not where the data files live) and the suite's code version."""
+    d = config.to_dict()
+    for f in dataclasses.fields(RunConfig):
+        if not f.metadata.get("results", True) or f.name == "data_path":
+            d.pop(f.name, None)
+    d["suite_version"] = SUITE_VERSION
+    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def cell_metrics(
+    records: Sequence[Mapping[str, Any]],
+    summary: Mapping[str, Any],
+    config: RunConfig,
+    *,
+    target: float | None,
+    budgets: Sequence[int],
+) -> dict[str, float | None]:
+    """A finished run's metrics as the suite records them (``None``: not applicable, or a
+    target never reached)."""
+    out: dict[str, float | None] = {}
+    for key in ("final_accuracy", "peak_accuracy", "stable_accuracy", "jain_fairness"):
+        v = summary.get(key)
+        out[key] = None if v is None else float(v)
+    std = summary.get("final_client_test_accuracy_std")
+    out["client_accuracy_std"] = None if std is None else float(std)
+    for b in budgets:
+        before = [e for e in records if e["round"] <= b and e.get("test_accuracy") is not None]
+        out[f"accuracy@{b}"] = float(before[-1]["test_accuracy"]) if before else None
+    timed = bool(records) and "sim_time_s" in records[-1]
+    if target is not None:
+        hit = next((e for e in records if (e.get("test_accuracy") or -1.0) >= target), None)
+        out["rounds_to_target"] = None if hit is None else float(hit["round"])
+        if timed:
+            out["time_to_target"] = None if hit is None else float(hit["sim_time_s"])
+        out["reached_target"] = 0.0 if hit is None else 1.0
+    if timed:
+        out["sim_time_s"] = float(records[-1]["sim_time_s"])
+        if config.deadline is not None:
+            seconds = [s for e in records for s in e.get("round_seconds", [])]
+            hits = sum(1 for s in seconds if s >= config.deadline * (1 - 1e-6))
+            out["deadline_hit_share"] = hits / len(seconds) if seconds else None
+    return out
+
+
+def deadline_for(suite: Suite, task: Task, scenario: Scenario, draws: int = 4000) -> float:
+    """The deadline at ``scenario.deadline_quantile`` of a round's length when the task's
+    ``per_round`` clients are drawn uniformly, from the system model's device profiles (pooled
+    over the evaluation seeds' profiles), with the scenario's over-commitment."""
+    import jax
+
+    from fedjax_sel import system as system_lib
+    from fedjax_sel.experiment.build import load_data_for, model_for
+
+    baseline = next(e for e in suite.strategies if e.label == suite.baseline)
+    config = cell_config(
+        suite, task, scenario, baseline, seed=suite.seeds[0], lr=None, deadline=1.0
+    )
+    config.resolve()
+    dataset = load_data_for(config)
+    model = model_for(config, dataset)
+    kbit = system_lib.model_kbit(jax.eval_shape(model.init, jax.random.key(0)))
+    counts = jax.numpy.asarray(dataset.train.counts)
+    samples, _ = system_lib.client_work(
+        counts, config.batch_size, config.local_steps, config.local_epochs
+    )
+    model_sys = system_lib.from_spec(config.system)
+    k = dataset.num_clients
+    slots = system_lib.overcommitted(config.per_round, config.overcommit, k)
+    rng = np.random.default_rng(0)
+    lengths = []
+    for seed in suite.seeds:
+        state = model_sys.init(jax.random.key(seed), k)
+        compute, comm = system_lib.durations(
+            state.ms_per_example, state.bandwidth_kbps, samples, kbit
+        )
+        full = np.asarray(compute + comm, np.float64)
+        for _ in range(max(1, draws // len(suite.seeds))):
+            chosen = np.sort(full[rng.choice(k, size=slots, replace=False)])
+            lengths.append(chosen[config.per_round - 1])  # the per_round-th finisher
+    return float(np.round(np.quantile(lengths, scenario.deadline_quantile), 1))
+
+
+# ----------------------------------------------------------------------------- the store
+class Store:
+    """The per-seed records of one task (``OUT/per_seed/<task>.json``): finished cells'
+    metrics, keyed by phase (``eval`` or ``tune``), scenario, strategy, seed (and lr)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.records: dict[str, dict[str, Any]] = {}
+        self.meta: dict[str, Any] = {}
+        if path.exists():
+            data = read_json(path)
+            self.meta = dict(data.get("meta", {}))
+            for r in data.get("cells", []):
+                self.records[self.id(r)] = r
+
+    @staticmethod
+    def id(r: Mapping[str, Any]) -> str:
+        lr = "" if r.get("lr") is None else f"/lr={r['lr']:g}"
+        return f"{r['phase']}/{r['scenario']}/{r['strategy']}/{r['seed']}{lr}"
+
+    def get(self, ident: Mapping[str, Any], key: str) -> dict[str, Any] | None:
+        r = self.records.get(self.id(ident))
+        return r if r is not None and r.get("key") == key else None
+
+    def put(self, record: dict[str, Any]) -> None:
+        self.records[self.id(record)] = record
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        cells = sorted(
+            self.records.values(),
+            key=lambda r: (r["phase"], r["scenario"], r["strategy"], r.get("lr") or 0.0, r["seed"]),
+        )
+        write_json(self.path, {"meta": self.meta, "cells": cells})
+
+
+@dataclasses.dataclass
+class Planned:
+    """A cell to run or reuse."""
+
+    ident: dict[str, Any]
+    config: RunConfig
+    out: Path
+    task: Task
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-=._" else "_" for c in str(text)) or "default"
+
+
+def run_suite(
+    suite: Suite | Mapping[str, Any] | str | Path,
+    out: str | Path,
+    *,
+    seeds_together: int | str | None = None,
+    progress: bool = True,
+    echo: Callable = print,
+    only_tasks: Sequence[str] | None = None,
+    report: bool = True,
+) -> dict[str, Any]:
+    """Runs (or resumes) a suite into ``out`` and writes its leaderboard; returns the
+    leaderboard's document (:func:`fedjax_sel.experiment.leaderboard.build`)."""
+    from fedjax_sel.experiment import leaderboard
+
+    if isinstance(suite, Mapping):
+        suite = parse_suite(suite)
+    elif not isinstance(suite, Suite):
+        suite = load_suite(suite)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "suite.json", suite.source)
+    together = seeds_together if seeds_together is not None else suite.seeds_together
+    tasks = [t for t in suite.tasks if only_tasks is None or t.name in only_tasks]
+    stores = {t.name: Store(out / "per_seed" / f"{t.name}.json") for t in tasks}
+    start = time.perf_counter()
+    bar = _Progress(suite, tasks, stores, progress)
+    try:
+        for task in tasks:
+            _run_task(suite, task, stores[task.name], out, together, bar, echo)
+    finally:
+        bar.close()
+    wall = time.perf_counter() - start
+    if not report:
+        return {}
+    return leaderboard.write(suite, out, echo=echo, wall_seconds=wall)
+
+
+class _Progress:
+    """One bar over the whole suite (rounds of every cell not yet recorded), with the time
+    left; cells found finished are counted as done."""
+
+    def __init__(self, suite: Suite, tasks: list[Task], stores: Mapping[str, Store], show: bool):
+        self.bar = None
+        if not show:
+            return
+        from tqdm.auto import tqdm
+
+        total = 0
+        for task in tasks:
+            rounds = int(task.fields.get("rounds", RunConfig.rounds))
+            per = len(suite.strategies) * len(suite.scenarios) * len(suite.seeds)
+            tune = len(suite.tuning.seeds) * len(task.lr_grid or suite.tuning.lr)
+            scopes = len(suite.scenarios) if suite.tuning.scenario == "each" else 1
+            total += rounds * (per + len(suite.strategies) * tune * scopes)
+        self.bar = tqdm(total=total, desc=f"suite {suite.name}", unit="round")
+
+    def update(self, n: int) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _run_cells(
+    planned: list[Planned], store: Store, together, bar: _Progress, echo: Callable
+) -> None:
+    """Runs the planned cells that have no matching record, then records them all."""
+    from fedjax_sel.experiment import sweep as sweep_lib
+
+    todo = []
+    for p in planned:
+        if store.get(p.ident, cell_key(p.config)) is not None:
+            bar.update(p.config.rounds)
+        else:
+            todo.append(p)
+    if not todo:
+        return
+    cells = [
+        sweep_lib.Cell(p.config, p.out, p.ident["strategy"], p.ident["scenario"]) for p in todo
+    ]
+    results = sweep_lib.run_cells(
+        cells, seeds_together=together, progress=False, echo=echo, bar=bar.bar
+    )
+    for p, r in zip(todo, results, strict=True):
+        store.put(
+            {
+                **p.ident,
+                "key": cell_key(p.config),
+                "suite_version": SUITE_VERSION,
+                "diverged": bool(r.summary.get("diverged", False)),
+                "rounds": int(r.summary.get("rounds_completed", p.config.rounds)),
+                "metrics": cell_metrics(
+                    r.evals, r.summary, p.config, target=p.task.target, budgets=p.task.budgets
+                ),
+            }
+        )
+    store.save()
+
+
+def _run_task(
+    suite: Suite, task: Task, store: Store, out: Path, together, bar: _Progress, echo: Callable
+) -> None:
+    deadlines: dict[str, float] = {}
+    for scenario in suite.scenarios:
+        if scenario.deadline_quantile is not None:
+            deadlines[scenario.name] = deadline_for(suite, task, scenario)
+            echo(
+                f"{task.name}/{scenario.name}: deadline {deadlines[scenario.name]:g} s, the "
+                f"{scenario.deadline_quantile:g} quantile of a uniform round's length"
+            )
+    store.meta.update(
+        task=task.name,
+        deadlines=deadlines,
+        suite_version=SUITE_VERSION,
+    )
+    chosen: dict[tuple[str, str], float | None] = {}
+    by_name = {s.name: s for s in suite.scenarios}
+    for scenario in suite.scenarios:
+        tune_in = by_name[suite.tuning_scenario(scenario.name)]
+        for entry in suite.strategies:
+            if entry.reason(task.name, scenario.name) is not None:
+                continue
+            key = (tune_in.name, entry.label)
+            if key not in chosen:
+                chosen[key] = _tune(
+                    suite,
+                    task,
+                    tune_in,
+                    entry,
+                    store,
+                    out,
+                    together,
+                    bar,
+                    echo,
+                    deadlines.get(tune_in.name),
+                )
+        planned = []
+        for entry in suite.strategies:
+            if entry.reason(task.name, scenario.name) is not None:
+                continue
+            for seed in suite.seeds:
+                config = cell_config(
+                    suite,
+                    task,
+                    scenario,
+                    entry,
+                    seed=seed,
+                    lr=chosen[(tune_in.name, entry.label)],
+                    deadline=deadlines.get(scenario.name),
+                )
+                ident = {
+                    "phase": "eval",
+                    "scenario": scenario.name,
+                    "strategy": entry.label,
+                    "seed": seed,
+                }
+                where = out / "runs" / _slug(task.name) / _slug(scenario.name) / _slug(entry.label)
+                planned.append(Planned(ident, config, where / f"seed{seed}", task))
+        _run_cells(planned, store, together, bar, echo)
+    store.meta["tuned_lr"] = {f"{s}/{label}": lr for (s, label), lr in chosen.items()}
+    store.save()
+
+
+def _tune(suite, task, scenario, entry, store, out, together, bar, echo, deadline) -> float | None:
+    """The client learning rate of ``entry`` on ``task``: the grid point with the best mean
+    tuning metric over the tuning seeds (ties: the first in grid order); ``None`` without
+    tuning (the task's own lr)."""
+    grid = task.lr_grid or suite.tuning.lr
+    if not suite.tuning.enabled or not grid:
+        return None
+    planned = []
+    for lr in grid:
+        for seed in suite.tuning.seeds:
+            config = cell_config(suite, task, scenario, entry, seed=seed, lr=lr, deadline=deadline)
+            ident = {
+                "phase": "tune",
+                "scenario": scenario.name,
+                "strategy": entry.label,
+                "seed": seed,
+                "lr": lr,
+            }
+            where = (
+                out
+                / "runs"
+                / _slug(task.name)
+                / "tuning"
+                / _slug(scenario.name)
+                / _slug(entry.label)
+                / f"lr={lr:g}"
+                / f"seed{seed}"
+            )
+            planned.append(Planned(ident, config, where, task))
+    _run_cells(planned, store, together, bar, echo)
+    return choose_lr(store, scenario.name, entry.label, grid, suite.tuning)
+
+
+def choose_lr(
+    store: Store, scenario: str, label: str, grid: Sequence[float], tuning: Tuning
+) -> float:
+    """The grid point with the best mean of ``tuning.metric`` over the tuning seeds (a
+    diverged or missing value counts as the worst)."""
+    better = higher_is_better(tuning.metric)
+    scores = []
+    for lr in grid:
+        values = []
+        for seed in tuning.seeds:
+            r = store.records.get(
+                Store.id(
+                    {
+                        "phase": "tune",
+                        "scenario": scenario,
+                        "strategy": label,
+                        "seed": seed,
+                        "lr": lr,
+                    }
+                )
+            )
+            v = None if r is None or r.get("diverged") else r["metrics"].get(tuning.metric)
+            values.append(-math.inf if v is None and better else math.inf if v is None else v)
+        scores.append(float(np.mean(values)))
+    best = int(np.argmax(scores) if better else np.argmin(scores))
+    return float(grid[best])
