@@ -167,6 +167,7 @@ def cmd_suite(a: argparse.Namespace) -> int:
                 f"--seeds-together must be 'auto' or a number, got {together!r}"
             ) from None
     run_suite(suite, out, seeds_together=together, progress=not a.no_progress, only_tasks=tasks)
+    leaderboard.write(suite, out)
     return 0
 
 

@@ -416,7 +416,10 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     text = path.read_text()
     try:
         if path.suffix.lower() == ".toml":
-            import tomllib
+            try:
+                import tomllib
+            except ImportError:  # Python 3.10: the same parser, as a package
+                import tomli as tomllib
 
             data = tomllib.loads(text)
         else:

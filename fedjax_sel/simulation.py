@@ -116,8 +116,9 @@ class SlotTiming(NamedTuple):
 class SimData(NamedTuple):
     """The device arrays a simulation reads (passed as jit arguments, never baked in).
 
-    ``test_valid`` marks the real rows of a central test set padded to a common length when
-    the data of several seeds are stacked (``None``: every row is real).
+    ``test_valid`` and ``server_valid`` mark the real rows of a central test set and of a
+    server-held set padded to a common length when the data of several seeds are stacked
+    (``None``: every row is real).
     """
 
     train: ClientData
@@ -127,6 +128,7 @@ class SimData(NamedTuple):
     server_x: Array | None = None
     server_y: Array | None = None
     test_valid: Array | None = None
+    server_valid: Array | None = None
 
     @classmethod
     def of(cls, dataset: FederatedDataset) -> SimData:
@@ -148,31 +150,42 @@ def stack_sim_data(parts: list[SimData]) -> SimData:
     """The data of several simulations (one per seed) stacked on a leading axis for
     :meth:`Simulation.run_rounds_batch`; training and per-client test data are padded (see
     :func:`~fedjax_sel.data.client_data.stack_client_data`), the central test set is padded
-    with a validity mask. Server-held sets must have equal shapes (:class:`NotStackable`)."""
+    with a validity mask, and so are server-held sets (their sizes follow each seed's partition).
+    """
     if len({p.test is None for p in parts}) > 1:
         raise NotStackable("some seeds have per-client test splits and others do not")
-    servers = {None if p.server_x is None else p.server_x.shape for p in parts}
+    servers = {None if p.server_x is None else p.server_x.shape[1:] for p in parts}
     if len(servers) > 1:
-        raise NotStackable(f"server-held sets of different sizes across seeds: {servers}")
+        raise NotStackable(f"server-held sets of different shapes across seeds: {servers}")
     try:
         train = stack_client_data([p.train for p in parts])
         test = None if parts[0].test is None else stack_client_data([p.test for p in parts])
     except ConfigError as e:
         raise NotStackable(str(e)) from None
-    m = max(p.test_x.shape[0] for p in parts)
-
-    def pad(a: Array) -> Array:
+    def pad(a: Array, m: int) -> Array:
         return jnp.pad(a, [(0, m - a.shape[0])] + [(0, 0)] * (a.ndim - 1))
 
-    stack = jnp.stack
+    def padded(arrays: list[Array]) -> tuple[Array, Array]:
+        """Arrays of different lengths padded to the longest, and their validity masks."""
+        m = max(a.shape[0] for a in arrays)
+        valid = jnp.stack([jnp.arange(m) < a.shape[0] for a in arrays])
+        return jnp.stack([pad(a, m) for a in arrays]), valid
+
+    test_x, test_valid = padded([p.test_x for p in parts])
+    test_y, _ = padded([p.test_y for p in parts])
+    server_x = server_y = server_valid = None
+    if parts[0].server_x is not None:
+        server_x, server_valid = padded([p.server_x for p in parts])
+        server_y, _ = padded([p.server_y for p in parts])
     return SimData(
         train=train,
         test=test,
-        test_x=stack([pad(p.test_x) for p in parts]),
-        test_y=stack([pad(p.test_y) for p in parts]),
-        server_x=None if parts[0].server_x is None else stack([p.server_x for p in parts]),
-        server_y=None if parts[0].server_y is None else stack([p.server_y for p in parts]),
-        test_valid=stack([jnp.arange(m) < p.test_x.shape[0] for p in parts]),
+        test_x=test_x,
+        test_y=test_y,
+        server_x=server_x,
+        server_y=server_y,
+        test_valid=test_valid,
+        server_valid=server_valid,
     )
 
 
@@ -530,16 +543,18 @@ class Simulation:
                     "this strategy needs a server-held data set: load the data with "
                     "server_fraction > 0 (CLI: --server-fraction)"
                 )
-            x, y = data.server_x, data.server_y
+            x, y, valid = data.server_x, data.server_y, data.server_valid
             if size is not None:  # a static subset spread evenly over the set
                 m = x.shape[0]
                 if not 1 <= int(size) <= m:
                     raise ConfigError(
                         f"server_loss size={size} must lie in [1, {m}] (server set size)"
                     )
-                idx = (np.arange(int(size)) * m) // int(size)
-                x, y = x[idx], y[idx]
-            return ev.evaluate_central(model, params, x, y, bs)[0]
+                # over the real rows of a padded set (seeds stacked): the same rows as alone
+                n = m if valid is None else jnp.sum(valid)
+                idx = (jnp.arange(int(size)) * n) // int(size)
+                x, y, valid = x[idx], y[idx], None
+            return ev.evaluate_central(model, params, x, y, bs, valid)[0]
 
         def client_test_loss(params, clients):
             if data.test is None:

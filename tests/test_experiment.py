@@ -79,6 +79,35 @@ def test_seeds_together_equal_separate_runs(tmp_path, data_seed):
         )
 
 
+@pytest.mark.parametrize("filter_size", [0, 12])  # the whole server set, or a spread subset
+def test_server_sets_of_different_sizes_run_together_as_alone(tmp_path, filter_size):
+    """Each seed's partition gives its server-held set its own size: the stacked sets are
+    padded with a validity mask, and FilFL filters on each seed's real rows as it does alone."""
+    configs = [
+        small(
+            seed=s,
+            strategy="filfl",
+            strategy_args={"filter_size": filter_size, "period": 2},
+            server_fraction=0.1,
+            partition="dirichlet:0.3",
+        )
+        for s in range(3)
+    ]
+    together = run_group(configs, [tmp_path / f"t{s}" for s in range(3)], seeds_together=3)
+    sizes = set()
+    for s, r in enumerate(together):
+        info = json.loads((tmp_path / f"t{s}" / "config.json").read_text())
+        assert info["seeds_vmapped"] == [0, 1, 2]
+        sizes.add(info["dataset"]["num_server_examples"])
+        alone = run_experiment(configs[s], tmp_path / f"a{s}", progress=False)
+        assert [e["selected"] for e in r.evals] == [e["selected"] for e in alone.evals]
+        for a, b in zip(r.evals, alone.evals, strict=True):
+            assert a["test_accuracy"] == pytest.approx(b["test_accuracy"], abs=1e-6)
+            for key in ("test_loss", "train_loss"):
+                assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-6), key
+    assert len(sizes) > 1, "the seeds' server sets should differ in size"
+
+
 def test_weight_sums_and_law_diagnostics(tmp_path):
     r = run_experiment(small(availability="bernoulli:p=0.6"), tmp_path, progress=False)
     counts = np.zeros(10)

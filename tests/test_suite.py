@@ -191,6 +191,8 @@ def test_tiny_suite_targets_deadlines_and_tuning(tiny):
         folder = res / "runs" / "digits" / "ideal" / label / "seed0"
         assert json.loads((folder / "config.json").read_text())["config"]["lr"] == best
     assert doc["tuned_lr"]["synthetic"]["ideal/uniform"] == 0.1  # a one-point grid
+    (run,) = doc["runs"]  # the invocation: its machine and wall time
+    assert run["cells_run"] == 3 * 10 + 3 + 3 * 2 and run["wall_seconds"] > 0 and run["cpu"]
     md = (res / "leaderboard.md").read_text()
     assert "not applicable: **full**: waits for every client" in md
     for name in ("heatmap.png", "heatmap_time_to_target.png", "ranking.png", "leaderboard.csv"):

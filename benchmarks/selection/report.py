@@ -22,12 +22,11 @@ RESULTS = "benchmarks/results/selection/cpu"
 def generated() -> dict[Path, str]:
     """Each generated file and its text, from the committed per-seed records."""
     from fedjax_sel.experiment import leaderboard
-    from fedjax_sel.experiment.outputs import read_json
     from fedjax_sel.experiment.suite import load_suite
 
     suite = load_suite(ROOT / SUITE_FILE)
     doc = leaderboard.build(suite, ROOT / RESULTS)
-    doc["runs"] = read_json(ROOT / RESULTS / "leaderboard.json").get("runs", [])
+    doc["runs"] = leaderboard.invocations(ROOT / RESULTS)
     readme = (ROOT / "README.md").read_text()
     return {
         ROOT / "docs" / "benchmark.md": leaderboard.docs_page(doc, suite, SUITE_FILE, RESULTS),

@@ -34,6 +34,7 @@ from fedjax_sel.experiment.compare import mean_ci, paired_stats
 from fedjax_sel.experiment.outputs import read_json, subplots, write_json
 from fedjax_sel.experiment.suite import (
     CELL_METRICS,
+    INVOCATIONS,
     SUITE_VERSION,
     Store,
     Suite,
@@ -552,20 +553,23 @@ def plot_ranking(doc: Mapping[str, Any], path: Path) -> Path | None:
     return path
 
 
+def invocations(out: str | Path) -> list[dict[str, Any]]:
+    """The suite's invocations that ran cells (``OUT/invocations.json``): machine and wall
+    seconds of each."""
+    path = Path(out) / INVOCATIONS
+    return [e for e in (read_json(path) if path.exists() else []) if e.get("cells_run")]
+
+
 def write(
     suite: Suite,
     out: str | Path,
     *,
     echo: Callable | None = print,
-    wall_seconds: float | None = None,
 ) -> dict[str, Any]:
     """Builds the leaderboard of ``out`` and writes its files (module docstring)."""
     out = Path(out)
     doc = build(suite, out)
-    previous = read_json(out / "leaderboard.json") if (out / "leaderboard.json").exists() else {}
-    doc["runs"] = list(previous.get("runs", []))
-    if wall_seconds is not None:
-        doc["runs"].append(machine_info(wall_seconds))
+    doc["runs"] = invocations(out)
     write_json(out / "leaderboard.json", doc)
     write_json(out / "ranking.json", doc["ranking"])
     with (out / "leaderboard.csv").open("w", newline="") as f:
@@ -589,32 +593,6 @@ def write(
             echo(ranking_table(doc))
         echo(f"leaderboard written to {out}/ (leaderboard.json/csv/md, ranking.png, heatmap.png)")
     return doc
-
-
-def machine_info(wall_seconds: float) -> dict[str, Any]:
-    """The machine and the wall time of one suite invocation (a suite finished over several
-    runs lists each)."""
-    import os
-    import platform
-
-    import jax
-
-    cpu = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(
-                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu
-            )
-    except OSError:
-        pass
-    return {
-        "wall_seconds": round(wall_seconds, 1),
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "backend": jax.default_backend(),
-        "devices": [str(d) for d in jax.devices()],
-        "jax_version": jax.__version__,
-    }
 
 
 # ----------------------------------------------------------------------------- docs

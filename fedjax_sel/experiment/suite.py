@@ -560,12 +560,10 @@ def run_suite(
     progress: bool = True,
     echo: Callable = print,
     only_tasks: Sequence[str] | None = None,
-    report: bool = True,
-) -> dict[str, Any]:
-    """Runs (or resumes) a suite into ``out`` and writes its leaderboard; returns the
-    leaderboard's document (:func:`fedjax_sel.experiment.leaderboard.build`)."""
-    from fedjax_sel.experiment import leaderboard
-
+) -> float:
+    """Runs (or resumes) a suite into ``out``: every cell without a matching record runs and is
+    recorded in ``out/per_seed/``. Returns the wall seconds;
+    :func:`fedjax_sel.experiment.leaderboard.write` turns the records into the leaderboard."""
     if isinstance(suite, Mapping):
         suite = parse_suite(suite)
     elif not isinstance(suite, Suite):
@@ -577,24 +575,40 @@ def run_suite(
     tasks = [t for t in suite.tasks if only_tasks is None or t.name in only_tasks]
     stores = {t.name: Store(out / "per_seed" / f"{t.name}.json") for t in tasks}
     start = time.perf_counter()
-    bar = _Progress(suite, tasks, stores, progress)
+    bar = _Progress(suite, tasks, stores, progress, out)
     try:
         for task in tasks:
             _run_task(suite, task, stores[task.name], out, together, bar, echo)
     finally:
         bar.close()
-    wall = time.perf_counter() - start
-    if not report:
-        return {}
-    return leaderboard.write(suite, out, echo=echo, wall_seconds=wall)
+    return time.perf_counter() - start
 
 
 class _Progress:
     """One bar over the whole suite (rounds of every cell not yet recorded), with the time
-    left; cells found finished are counted as done."""
+    left; cells found finished are counted as done. It also keeps this invocation's entry in
+    ``OUT/invocations.json`` (machine, wall seconds so far, cells run), rewritten whenever
+    cells are recorded, so a killed suite leaves its wall time behind too."""
 
-    def __init__(self, suite: Suite, tasks: list[Task], stores: Mapping[str, Store], show: bool):
+    def __init__(
+        self,
+        suite: Suite,
+        tasks: list[Task],
+        stores: Mapping[str, Store],
+        show: bool,
+        out: Path | None = None,
+    ):
         self.bar = None
+        self.start = time.perf_counter()
+        self.path = None if out is None else out / INVOCATIONS
+        self.entries = read_json(self.path) if self.path is not None and self.path.exists() else []
+        self.entry = {
+            **machine_info(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "wall_seconds": 0.0,
+            "cells_run": 0,
+        }
+        self.entries.append(self.entry)
         if not show:
             return
         from tqdm.auto import tqdm
@@ -612,9 +626,44 @@ class _Progress:
         if self.bar is not None:
             self.bar.update(n)
 
+    def recorded(self, cells: int) -> None:
+        """``cells`` were run and recorded: the invocation's entry is brought up to date."""
+        self.entry["cells_run"] += cells
+        self.entry["wall_seconds"] = round(time.perf_counter() - self.start, 1)
+        if self.path is not None and self.entry["cells_run"] > 0:
+            write_json(self.path, self.entries)
+
     def close(self) -> None:
+        self.recorded(0)
         if self.bar is not None:
             self.bar.close()
+
+
+INVOCATIONS = "invocations.json"
+
+
+def machine_info() -> dict[str, Any]:
+    """The machine a suite runs on (a suite finished over several runs lists each)."""
+    import os
+    import platform
+
+    import jax
+
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(
+                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu
+            )
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "backend": jax.default_backend(),
+        "devices": [str(d) for d in jax.devices()],
+        "jax_version": jax.__version__,
+    }
 
 
 def _run_cells(
@@ -651,6 +700,7 @@ def _run_cells(
             }
         )
     store.save()
+    bar.recorded(len(todo))
 
 
 def _run_task(
