@@ -162,6 +162,7 @@ def stack_sim_data(parts: list[SimData]) -> SimData:
         test = None if parts[0].test is None else stack_client_data([p.test for p in parts])
     except ConfigError as e:
         raise NotStackable(str(e)) from None
+
     def pad(a: Array, m: int) -> Array:
         return jnp.pad(a, [(0, m - a.shape[0])] + [(0, 0)] * (a.ndim - 1))
 
