@@ -96,31 +96,39 @@ def cmd_demo(a: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_sweep(a: argparse.Namespace) -> int:
-    from fedjax_sel.experiment import run_sweep
+def _seeds_together(value: str | None) -> int | str | None:
+    """``--seeds-together``: ``auto``, a number, or ``None`` (the file's)."""
+    if value is None or value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"--seeds-together must be 'auto' or a number, got {value!r}") from None
 
-    out = Path(a.out or f"runs/sweep-{Path(a.file).stem}")
-    together = a.seeds_together
-    if together is not None and together != "auto":
-        try:
-            together = int(together)
-        except ValueError:
-            raise ConfigError(
-                f"--seeds-together must be 'auto' or a number, got {together!r}"
-            ) from None
+
+def _spec_with_overrides(a: argparse.Namespace, section: str) -> dict:
+    """A sweep or suite file's mapping with ``--set`` (its ``[override]``) and ``--seeds``
+    (in ``[section]``) applied."""
     from fedjax_sel.config import read_config_file
     from fedjax_sel.registry import parse_pairs
 
     spec = dict(read_config_file(a.file))
     if a.set:
-        overrides = {}
+        spec["override"] = {}
         for item in a.set:
-            overrides.update(parse_pairs(item, what="--set"))
-        spec["override"] = overrides
+            spec["override"].update(parse_pairs(item, what="--set"))
     if a.seeds is not None:
-        spec["sweep"] = {**spec.get("sweep", {}), "seeds": a.seeds}
+        spec[section] = {**spec.get(section, {}), "seeds": a.seeds}
+    return spec
+
+
+def cmd_sweep(a: argparse.Namespace) -> int:
+    from fedjax_sel.experiment import run_sweep
+
+    out = Path(a.out or f"runs/sweep-{Path(a.file).stem}")
+    together = _seeds_together(a.seeds_together)
     run_sweep(
-        spec,
+        _spec_with_overrides(a, "sweep"),
         out,
         seeds_together=together,
         progress=not a.no_progress,
@@ -131,18 +139,10 @@ def cmd_sweep(a: argparse.Namespace) -> int:
 
 
 def cmd_suite(a: argparse.Namespace) -> int:
-    from fedjax_sel.config import read_config_file
     from fedjax_sel.experiment import leaderboard
     from fedjax_sel.experiment.suite import parse_suite, run_suite
-    from fedjax_sel.registry import parse_pairs
 
-    spec = dict(read_config_file(a.file))
-    if a.set:
-        spec["override"] = {}
-        for item in a.set:
-            spec["override"].update(parse_pairs(item, what="--set"))
-    if a.seeds is not None:
-        spec["suite"] = {**spec.get("suite", {}), "seeds": a.seeds}
+    spec = _spec_with_overrides(a, "suite")
     if a.no_tuning:
         spec.pop("tuning", None)
     suite = parse_suite(spec)
@@ -158,14 +158,7 @@ def cmd_suite(a: argparse.Namespace) -> int:
     if a.report_only:
         leaderboard.write(suite, out)
         return 0
-    together = a.seeds_together
-    if together is not None and together != "auto":
-        try:
-            together = int(together)
-        except ValueError:
-            raise ConfigError(
-                f"--seeds-together must be 'auto' or a number, got {together!r}"
-            ) from None
+    together = _seeds_together(a.seeds_together)
     run_suite(suite, out, seeds_together=together, progress=not a.no_progress, only_tasks=tasks)
     leaderboard.write(suite, out)
     return 0
@@ -323,6 +316,22 @@ def cmd_reproduce(a: argparse.Namespace) -> int:
     return 0
 
 
+def _add_cell_flags(p: argparse.ArgumentParser) -> None:
+    """The flags sweeps and suites share: batching, overrides and seeds."""
+    p.add_argument(
+        "--seeds-together",
+        default=None,
+        help="seeds per vmapped batch: auto (by memory) or a number (default: the file's)",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a setting in every cell (e.g. rounds=2 for a quick check); repeatable",
+    )
+    p.add_argument("--seeds", type=int, default=None, help="override the file's (evaluation) seeds")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from fedjax_sel.config import add_config_flags
 
@@ -396,20 +405,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sweep", help="run a sweep file (strategies x settings x seeds) + compare")
     p.add_argument("file", help="sweep file (TOML or JSON; see examples/sweep_digits.toml)")
     p.add_argument("--out", default=None, help="output folder (default runs/sweep-<file>)")
-    p.add_argument(
-        "--seeds-together",
-        default=None,
-        help="seeds per vmapped batch: auto (by memory) or a number (default: the file's)",
-    )
+    _add_cell_flags(p)
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--no-compare", action="store_true", help="skip the comparison at the end")
-    p.add_argument(
-        "--set",
-        action="append",
-        metavar="KEY=VALUE",
-        help="override a setting in every cell (e.g. rounds=2 for a quick check); repeatable",
-    )
-    p.add_argument("--seeds", type=int, default=None, help="override the file's seeds")
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser(
@@ -419,19 +417,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("file", help="suite file (TOML or JSON; see benchmarks/selection/cpu.toml)")
     p.add_argument("--out", default=None, help="output folder (default runs/suite-<file>)")
-    p.add_argument(
-        "--seeds-together",
-        default=None,
-        help="seeds per vmapped batch: auto (by memory) or a number (default: the file's)",
-    )
+    _add_cell_flags(p)
     p.add_argument("--tasks", default=None, help="run only these tasks (comma-separated)")
-    p.add_argument(
-        "--set",
-        action="append",
-        metavar="KEY=VALUE",
-        help="override a setting in every cell (e.g. rounds=4 for a quick check); repeatable",
-    )
-    p.add_argument("--seeds", type=int, default=None, help="override the file's evaluation seeds")
     p.add_argument("--no-tuning", action="store_true", help="skip tuning: every task's own lr")
     p.add_argument(
         "--report-only",

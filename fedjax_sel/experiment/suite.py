@@ -185,6 +185,16 @@ def _check_fields(where: str, fields: Mapping[str, Any]) -> None:
             raise ConfigError(f"suite: {where}: {bad!r} is set by the suite, not the file")
 
 
+def _named_tables(spec: Mapping[str, Any], section: str, suite_keys: set[str]):
+    """``(name, table, RunConfig fields)`` of each ``[section.NAME]`` table."""
+    for name, table in _table(spec, section).items():
+        if not isinstance(table, Mapping):
+            raise ConfigError(f"suite: [{section}.{name}] must be a table")
+        fields = {k: v for k, v in table.items() if k not in suite_keys}
+        _check_fields(f"[{section}.{name}]", fields)
+        yield str(name), table, fields
+
+
 def _seed_list(value: Any, where: str) -> list[int]:
     if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
         return list(range(value))
@@ -225,11 +235,7 @@ def parse_suite(spec: Mapping[str, Any]) -> Suite:
             f"suite: unknown [suite] key(s) {sorted(bad)}; known: {sorted(SUITE_KEYS)}"
         )
     tasks = []
-    for name, table in _table(spec, "tasks").items():
-        if not isinstance(table, Mapping):
-            raise ConfigError(f"suite: [tasks.{name}] must be a table")
-        fields = {k: v for k, v in table.items() if k not in TASK_KEYS}
-        _check_fields(f"[tasks.{name}]", fields)
+    for name, table, fields in _named_tables(spec, "tasks", TASK_KEYS):
         target = table.get("target")
         if target is not None and not (isinstance(target, (int, float)) and 0 < target <= 1):
             raise ConfigError(
@@ -251,11 +257,7 @@ def parse_suite(spec: Mapping[str, Any]) -> Suite:
             Task(str(name), fields, None if target is None else float(target), budgets, lr_grid)
         )
     scenarios = []
-    for name, table in _table(spec, "scenarios").items():
-        if not isinstance(table, Mapping):
-            raise ConfigError(f"suite: [scenarios.{name}] must be a table")
-        fields = {k: v for k, v in table.items() if k not in SCENARIO_KEYS}
-        _check_fields(f"[scenarios.{name}]", fields)
+    for name, table, fields in _named_tables(spec, "scenarios", SCENARIO_KEYS):
         q = table.get("deadline_quantile")
         if q is not None:
             if not (isinstance(q, (int, float)) and 0 < q < 1):
