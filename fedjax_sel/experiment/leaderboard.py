@@ -643,6 +643,18 @@ def docs_page(doc: Mapping[str, Any], suite: Suite, suite_file: str, results: st
         "python benchmarks/selection/report.py    # this page and the README summary",
         "```",
         "",
+        "A suite file has `[suite]` (evaluation seeds, baseline, `stable_fraction`), "
+        "`[tuning]` (the lr grid, the tuning seeds, the metric and scenario it is chosen on), "
+        "`[tasks.NAME]` and `[scenarios.NAME]` (any `RunConfig` field; a task's `target` "
+        "accuracy, round `budgets` and own `lr_grid`; a scenario's `headline` metric and "
+        "`deadline_quantile`) and `[[strategies]]` (fields, a `note`, and `not_applicable` "
+        "reasons by task or scenario: such a cell is a row with its reason, never dropped); "
+        f"[`{suite_file}`](../{suite_file}) documents each key. `--set KEY=VALUE`, "
+        "`--seeds N`, `--no-tuning` and `--tasks A,B` make a quick check. Each (task, "
+        "scenario, strategy) runs its seeds together in one compiled program; every finished "
+        "cell is recorded in `per_seed/<task>.json` with its configuration's hash and the "
+        "suite's version, and a cell whose configuration changed is recomputed, never mixed.",
+        "",
         f"Committed results: `{results}/` (`leaderboard.json`, `.csv`, `.md`, `ranking.json`, "
         "the pictures, and `per_seed/<task>.json`, every cell's metrics, from which everything "
         f"here is computed). Wall time {wall / 3600:.2f} h over {len(runs)} invocation(s) on "
