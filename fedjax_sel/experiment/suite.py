@@ -671,38 +671,39 @@ def machine_info() -> dict[str, Any]:
 def _run_cells(
     planned: list[Planned], store: Store, together, bar: _Progress, echo: Callable
 ) -> None:
-    """Runs the planned cells that have no matching record, then records them all."""
+    """Runs the planned cells that have no matching record, one compiled program (a
+    strategy's seeds) at a time, and records each program's cells as soon as they finish."""
     from fedjax_sel.experiment import sweep as sweep_lib
+    from fedjax_sel.experiment.loop import program_key
 
-    todo = []
+    groups: dict[str, list[Planned]] = {}
     for p in planned:
         if store.get(p.ident, cell_key(p.config)) is not None:
             bar.update(p.config.rounds)
         else:
-            todo.append(p)
-    if not todo:
-        return
-    cells = [
-        sweep_lib.Cell(p.config, p.out, p.ident["strategy"], p.ident["scenario"]) for p in todo
-    ]
-    results = sweep_lib.run_cells(
-        cells, seeds_together=together, progress=False, echo=echo, bar=bar.bar
-    )
-    for p, r in zip(todo, results, strict=True):
-        store.put(
-            {
-                **p.ident,
-                "key": cell_key(p.config),
-                "suite_version": SUITE_VERSION,
-                "diverged": bool(r.summary.get("diverged", False)),
-                "rounds": int(r.summary.get("rounds_completed", p.config.rounds)),
-                "metrics": cell_metrics(
-                    r.evals, r.summary, p.config, target=p.task.target, budgets=p.task.budgets
-                ),
-            }
+            groups.setdefault(program_key(p.config), []).append(p)
+    for todo in groups.values():
+        cells = [
+            sweep_lib.Cell(p.config, p.out, p.ident["strategy"], p.ident["scenario"]) for p in todo
+        ]
+        results = sweep_lib.run_cells(
+            cells, seeds_together=together, progress=False, echo=echo, bar=bar.bar
         )
-    store.save()
-    bar.recorded(len(todo))
+        for p, r in zip(todo, results, strict=True):
+            store.put(
+                {
+                    **p.ident,
+                    "key": cell_key(p.config),
+                    "suite_version": SUITE_VERSION,
+                    "diverged": bool(r.summary.get("diverged", False)),
+                    "rounds": int(r.summary.get("rounds_completed", p.config.rounds)),
+                    "metrics": cell_metrics(
+                        r.evals, r.summary, p.config, target=p.task.target, budgets=p.task.budgets
+                    ),
+                }
+            )
+        store.save()
+        bar.recorded(len(todo))
 
 
 def _run_task(
