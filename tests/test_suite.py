@@ -250,6 +250,19 @@ def test_tiny_suite_resumes_from_records_and_reruns_only_what_is_missing(
     assert suite_lib.cell_key(a) == suite_lib.cell_key(c)  # where the files live is no setting
 
 
+def test_not_applicable_by_cell_task_scenario_or_everywhere():
+    entry = suite_lib.Entry(
+        "x", {}, not_applicable={"digits/ideal": "a", "synthetic": "b", "devices": "c"}
+    )
+    assert entry.reason("digits", "ideal") == "a"
+    assert entry.reason("synthetic", "ideal") == "b"
+    assert entry.reason("digits", "devices") == "c"
+    assert entry.reason("digits", "correlated") is None
+    everywhere = suite_lib.Entry("y", {}, not_applicable={"*": "d", "ideal": "e"})
+    assert everywhere.reason("digits", "ideal") == "e"
+    assert everywhere.reason("mnist", "devices") == "d"
+
+
 def test_holm_matches_the_written_out_procedure():
     rng = np.random.default_rng(3)
     for m in (1, 2, 7, 40):

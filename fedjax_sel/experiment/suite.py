@@ -33,7 +33,7 @@ few suite keys (marked *suite* below)::
     strategy = "ca_fed"
     per_round = "all"         # every client has a slot (K of the task)
     note = "paper: every available client, weights alpha/pi"
-    not_applicable = { "ideal" = "reason" }   # by scenario, task or "task/scenario"
+    not_applicable = { "ideal" = "reason" }   # by scenario, task, "task/scenario" or "*"
 
     [override]                # optional: set in every cell, last (the CLI's --set rounds=2)
 
@@ -122,7 +122,7 @@ class Entry:
 
     def reason(self, task: str, scenario: str) -> str | None:
         """Why this strategy cannot run in (task, scenario), or ``None``."""
-        for key in (f"{task}/{scenario}", task, scenario):
+        for key in (f"{task}/{scenario}", task, scenario, "*"):
             if key in self.not_applicable:
                 return self.not_applicable[key]
         return None
@@ -287,7 +287,7 @@ def parse_suite(spec: Mapping[str, Any]) -> Suite:
     if not isinstance(raw, list) or not raw:
         raise ConfigError("suite: needs a list of [[strategies]] entries")
     names = {t.name for t in tasks} | {s.name for s in scenarios}
-    names |= {f"{t.name}/{s.name}" for t in tasks for s in scenarios}
+    names |= {f"{t.name}/{s.name}" for t in tasks for s in scenarios} | {"*"}
     for entry in raw:
         if not isinstance(entry, Mapping) or "strategy" not in entry:
             raise ConfigError(
@@ -302,7 +302,7 @@ def parse_suite(spec: Mapping[str, Any]) -> Suite:
         if wrong:
             raise ConfigError(
                 f"suite: strategy {entry['strategy']!r}: not_applicable names {wrong}, which are "
-                "no task, scenario or task/scenario of this suite"
+                "no task, scenario, task/scenario of this suite, nor '*' (everywhere)"
             )
         entries.append(
             Entry(
