@@ -616,12 +616,21 @@ class _Progress:
         from tqdm.auto import tqdm
 
         total = 0
+        by_name = {s.name: s for s in suite.scenarios}
         for task in tasks:
-            rounds = int(task.fields.get("rounds", RunConfig.rounds))
-            per = len(suite.strategies) * len(suite.scenarios) * len(suite.seeds)
-            tune = len(suite.tuning.seeds) * len(task.lr_grid or suite.tuning.lr)
-            scopes = len(suite.scenarios) if suite.tuning.scenario == "each" else 1
-            total += rounds * (per + len(suite.strategies) * tune * scopes)
+            tuned = set()
+            for scenario in suite.scenarios:
+                for e in suite.strategies:
+                    if e.reason(task.name, scenario.name) is not None:
+                        continue
+                    total += _rounds(suite, task, scenario, e) * len(suite.seeds)
+                    tuned.add((suite.tuning_scenario(scenario.name), e.label))
+            if suite.tuning.enabled:
+                points = len(suite.tuning.seeds) * len(task.lr_grid or suite.tuning.lr)
+                entries = {e.label: e for e in suite.strategies}
+                total += sum(
+                    _rounds(suite, task, by_name[s], entries[label]) * points for s, label in tuned
+                )
         self.bar = tqdm(total=total, desc=f"suite {suite.name}", unit="round")
 
     def update(self, n: int) -> None:
@@ -642,6 +651,11 @@ class _Progress:
 
 
 INVOCATIONS = "invocations.json"
+
+
+def _rounds(suite: Suite, task: Task, scenario: Scenario, entry: Entry) -> int:
+    fields = {**task.fields, **scenario.fields, **entry.fields, **suite.override}
+    return int(fields.get("rounds", RunConfig.rounds))
 
 
 def machine_info() -> dict[str, Any]:
