@@ -262,8 +262,10 @@ def test_config_errors():
         make_strategy("filfl", 3, period=0)
     with pytest.raises(ConfigError, match="filter_size"):
         make_strategy("filfl", 3, filter_data="client", filter_size=5)
-    with pytest.raises(ConfigError, match="considered=13"):
-        make_strategy("filfl", 3, considered=13).init(jax.random.key(0), spec())
+    # n is a cap: more than the K clients considers every client, as n = 0 does
+    capped = make_strategy("filfl", 3, considered=10**6).init(jax.random.key(0), spec())
+    whole = make_strategy("filfl", 3, considered=0).init(jax.random.key(0), spec())
+    assert jax.tree.map(jnp.shape, capped) == jax.tree.map(jnp.shape, whole)
     with pytest.raises(ConfigError, match="track_opt"):
         make_strategy("filfl", 3, track_opt=True).init(
             jax.random.key(0), spec()._replace(num_clients=17)

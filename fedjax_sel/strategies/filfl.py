@@ -197,7 +197,7 @@ def filfl(
       period: h, rounds between filtering rounds (a change of the available set also filters).
       considered: n, the most available clients considered (and trained) in a filtering round;
         a uniform random subset when more are available (``Shuffle(S_t)`` of Algorithm 1).
-        ``0``: all clients (K slots).
+        ``0``, or more than the K clients: all clients (K slots).
       filter_size: m, examples of the server filtering set used (spread evenly over it);
         ``0``: all of it.
       filter_data: ``server`` (a server-held set) or ``client`` (the validation split of one
@@ -258,9 +258,7 @@ def filfl(
 
     def init(key, spec: SimSpec) -> FilFLState:
         k = spec.num_clients
-        n = considered or k
-        if n > k:
-            raise ConfigError(f"filfl considered={n} exceeds the number of clients ({k})")
+        n = min(considered or k, k)  # at most n: a federation of fewer clients considers all
         if track_opt and n > MAX_BRUTE_FORCE:
             raise ConfigError(
                 f"filfl track_opt needs considered <= {MAX_BRUTE_FORCE} (brute force over "
@@ -309,7 +307,7 @@ def filfl(
 
     def filtering_round(state: FilFLState, inputs: RoundInputs, oracle, key):
         k = inputs.available.shape[0]
-        n = considered or k
+        n = min(considered or k, k)
         k_order, k_greedy, k_data, k_select, k_other = jax.random.split(key, 5)
         slots, valid = uniform_without_replacement(k_order, inputs.available, n)
         trained = oracle.train(inputs.params, slots, oracle.train_key, valid)
