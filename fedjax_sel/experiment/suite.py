@@ -34,6 +34,8 @@ few suite keys (marked *suite* below)::
     per_round = "all"         # every client has a slot (K of the task)
     note = "paper: every available client, weights alpha/pi"
     not_applicable = { "ideal" = "reason" }   # by scenario, task, "task/scenario" or "*"
+    seeds_together = 1        # suite: this strategy's seeds per batch (a lax.cond in its select
+                              # runs both branches when seeds are vmapped)
 
     [override]                # optional: set in every cell, last (the CLI's --set rounds=2)
 
@@ -87,7 +89,7 @@ SUITE_KEYS = {"name", "seeds", "baseline", "stable_fraction", "seeds_together", 
 TUNING_KEYS = {"lr", "seeds", "metric", "scenario"}
 TASK_KEYS = {"target", "budgets", "lr_grid"}
 SCENARIO_KEYS = {"headline", "deadline_quantile"}
-STRATEGY_KEYS = {"label", "note", "not_applicable"}
+STRATEGY_KEYS = {"label", "note", "not_applicable", "seeds_together"}
 
 
 def higher_is_better(metric: str) -> bool:
@@ -119,6 +121,7 @@ class Entry:
     fields: dict[str, Any]
     note: str = ""
     not_applicable: dict[str, str] = dataclasses.field(default_factory=dict)
+    seeds_together: int | None = None  # seeds per batch for this strategy (else the suite's)
 
     def reason(self, task: str, scenario: str) -> str | None:
         """Why this strategy cannot run in (task, scenario), or ``None``."""
@@ -193,6 +196,14 @@ def _named_tables(spec: Mapping[str, Any], section: str, suite_keys: set[str]):
         fields = {k: v for k, v in table.items() if k not in suite_keys}
         _check_fields(f"[{section}.{name}]", fields)
         yield str(name), table, fields
+
+
+def _together(value: Any, where: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"suite: {where}: seeds_together must be a number >= 1, got {value!r}")
+    return value
 
 
 def _seed_list(value: Any, where: str) -> list[int]:
@@ -310,6 +321,7 @@ def parse_suite(spec: Mapping[str, Any]) -> Suite:
                 fields,
                 str(entry.get("note", "")),
                 {str(k): str(v) for k, v in na.items()},
+                _together(entry.get("seeds_together"), f"strategy {entry['strategy']!r}"),
             )
         )
     labels = [e.label for e in entries]
@@ -548,6 +560,7 @@ class Planned:
     config: RunConfig
     out: Path
     task: Task
+    together: int | None = None  # the strategy's own seeds per batch
 
 
 def _slug(text: str) -> str:
@@ -701,7 +714,11 @@ def _run_cells(
             sweep_lib.Cell(p.config, p.out, p.ident["strategy"], p.ident["scenario"]) for p in todo
         ]
         results = sweep_lib.run_cells(
-            cells, seeds_together=together, progress=False, echo=echo, bar=bar.bar
+            cells,
+            seeds_together=todo[0].together or together,
+            progress=False,
+            echo=echo,
+            bar=bar.bar,
         )
         for p, r in zip(todo, results, strict=True):
             store.put(
@@ -778,7 +795,9 @@ def _run_task(
                     "seed": seed,
                 }
                 where = out / "runs" / _slug(task.name) / _slug(scenario.name) / _slug(entry.label)
-                planned.append(Planned(ident, config, where / f"seed{seed}", task))
+                planned.append(
+                    Planned(ident, config, where / f"seed{seed}", task, entry.seeds_together)
+                )
         _run_cells(planned, store, together, bar, echo)
     store.meta["tuned_lr"] = {f"{s}/{label}": lr for (s, label), lr in chosen.items()}
     store.save()
@@ -812,7 +831,7 @@ def _tune(suite, task, scenario, entry, store, out, together, bar, echo, deadlin
                 / f"lr={lr:g}"
                 / f"seed{seed}"
             )
-            planned.append(Planned(ident, config, where, task))
+            planned.append(Planned(ident, config, where, task, entry.seeds_together))
     _run_cells(planned, store, together, bar, echo)
     return choose_lr(store, scenario.name, entry.label, grid, suite.tuning)
 
