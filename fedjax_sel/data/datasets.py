@@ -147,10 +147,17 @@ def hold_out_server_set(ds: FederatedDataset, fraction: float, seed: int) -> Fed
     rng = np.random.default_rng(seed + 7919)
     train = ds.train
     keep_x, keep_y, srv_x, srv_y = [], [], [], []
+    # the stored values (integers where x_scale is set), copied to the host once: slicing the
+    # device arrays client by client compiled one program per slice
+    all_x, all_y = np.asarray(train.x), np.asarray(train.y)
+    counts = np.asarray(train.counts)
+    offsets = None if train.layout == "padded" else np.asarray(train.offsets)
     for k in range(train.num_clients):
-        x, y = train.client_arrays(k)
-        if train.x_scale is not None:  # back to the stored integers
-            x = np.rint(x / train.x_scale).astype(np.asarray(train.x).dtype)
+        n = int(counts[k])
+        if offsets is None:
+            x, y = all_x[k, :n], all_y[k, :n]
+        else:
+            x, y = all_x[offsets[k] : offsets[k] + n], all_y[offsets[k] : offsets[k] + n]
         n_srv = min(int(round(fraction * len(y))), len(y) - 1)
         perm = rng.permutation(len(y))
         srv_x.append(x[perm[:n_srv]])
