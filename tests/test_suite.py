@@ -315,6 +315,15 @@ def test_ranking_recovers_a_planted_order(tmp_path):
     assert ranking[0]["cells"] == 4
     for r in ranking:
         assert r["ci_low"] <= r["mean_rank"] <= r["ci_high"]
+    # a cell where one strategy lacks a seed is not ranked yet
+    store = suite_lib.Store(tmp_path / "per_seed" / "digits.json")
+    del store.records[
+        suite_lib.Store.id({"phase": "eval", "scenario": "ideal", "strategy": "uniform", "seed": 2})
+    ]
+    store.save()
+    partial = leaderboard.build(suite, tmp_path)
+    assert all(r["cells"] == 3 for r in partial["ranking"])
+    assert all("digits/ideal" not in r["rank_by_cell"] for r in partial["ranking"])
     # the time rows average the seeds that reached the target and say how many did
     (row,) = [
         r

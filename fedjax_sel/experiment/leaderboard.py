@@ -290,7 +290,7 @@ def rank(suite: Suite, stores: Mapping[str, Store]) -> list[dict[str, Any]]:
             ]
             metric = suite.rank_metric(scenario)
             kept, matrix = _cell_matrix(store, scenario.name, usable, suite.seeds, metric)
-            if len(kept) >= 2:
+            if len(kept) == len(usable) >= 2:  # a cell is ranked once all of it has run
                 cells.append((f"{task.name}/{scenario.name}", kept, matrix))
     if not cells:
         return []
@@ -373,7 +373,12 @@ def markdown(doc: Mapping[str, Any], images: str = "") -> str:
     lines = [
         f"Suite `{doc['suite']}`: {len(doc['seeds'])} paired evaluation seeds per cell, "
         f"baseline `{doc['baseline']}`; {cov['finished']} of {run} applicable cells finished"
-        + (" (partial: the suite is still running)" if cov["finished"] < run else "")
+        + (
+            " (partial: the same command resumes it, and the ranking covers only the task and "
+            "scenario cells whose every strategy has every seed)"
+            if cov["finished"] < run
+            else ""
+        )
         + f". Stable accuracy is the {doc['stable_accuracy']}. Accuracies in %, differences "
         "in percentage points; p: paired t-test; p Holm: adjusted over every comparison of the "
         "metric in the suite; win: share of seeds on which the strategy beats the baseline.",
