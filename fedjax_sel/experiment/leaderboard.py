@@ -179,6 +179,7 @@ def build(suite: Suite, out: str | Path) -> dict[str, Any]:
         "headline": {s.name: s.headline for s in suite.scenarios},
         "ranked_metric": {s.name: suite.rank_metric(s) for s in suite.scenarios},
         "notes": {e.label: e.note for e in suite.strategies if e.note},
+        "every_client": [e.label for e in suite.strategies if e.fields.get("per_round") == "all"],
         "coverage": coverage,
         "scenarios": scenarios,
         "tuned_lr": tuned,
@@ -726,6 +727,14 @@ def readme_block(doc: Mapping[str, Any], page: str = "docs/benchmark.md") -> str
                 for i, r in enumerate(top, 1)
             ),
             "",
+            *(
+                [
+                    f"{', '.join(doc['every_client'])} train every available client (a slot per "
+                    "client, as their papers define them), the others `per_round` a round."
+                ]
+                if doc.get("every_client")
+                else []
+            ),
             f"The other {len(doc['ranking']) - len(top)} strategies, every cell's paired "
             f"difference against {doc['baseline']} with Holm-adjusted p-values, and the "
             f"heatmap: [{page}]({page}).",
