@@ -338,9 +338,7 @@ def fmt(metric: str, v: float | None, *, signed: bool = False) -> str:
     are, other metrics to 3 decimals."""
     if v is None:
         return "-"
-    if _is_accuracy(metric) and metric != "client_accuracy_std":
-        return f"{100 * v:+.2f}" if signed else f"{100 * v:.2f}"
-    if metric == "client_accuracy_std":
+    if _is_accuracy(metric):  # the client spread included: a standard deviation of accuracies
         return f"{100 * v:+.2f}" if signed else f"{100 * v:.2f}"
     if metric in TARGET_METRICS:
         return f"{v:+.0f}" if signed else f"{v:.0f}"

@@ -65,6 +65,7 @@ import numpy as np
 from fedjax_sel.base import ConfigError
 from fedjax_sel.config import RunConfig, read_config_file
 from fedjax_sel.experiment.outputs import read_json, write_json
+from fedjax_sel.experiment.sweep import _slug
 
 # Bump when what a cell's record means changes (a metric's definition, the engine's numbers):
 # records of another version are recomputed, never mixed with this one's.
@@ -563,10 +564,6 @@ class Planned:
     together: int | None = None  # the strategy's own seeds per batch
 
 
-def _slug(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "-=._" else "_" for c in str(text)) or "default"
-
-
 def run_suite(
     suite: Suite | Mapping[str, Any] | str | Path,
     out: str | Path,
@@ -590,7 +587,7 @@ def run_suite(
     tasks = [t for t in suite.tasks if only_tasks is None or t.name in only_tasks]
     stores = {t.name: Store(out / "per_seed" / f"{t.name}.json") for t in tasks}
     start = time.perf_counter()
-    bar = _Progress(suite, tasks, stores, progress, out)
+    bar = _Progress(suite, tasks, progress, out)
     try:
         for task in tasks:
             _run_task(suite, task, stores[task.name], out, together, bar, echo)
@@ -609,7 +606,6 @@ class _Progress:
         self,
         suite: Suite,
         tasks: list[Task],
-        stores: Mapping[str, Store],
         show: bool,
         out: Path | None = None,
     ):
