@@ -2,7 +2,7 @@
 
 ::
 
-    fedjax-sel demo                 # small comparison on the embedded digits data, < 2 min on CPU
+    fedjax-sel demo                 # paired comparison on the embedded digits data, < 1 min on CPU
     fedjax-sel list                 # strategies, data sets, models, availability models, ...
     fedjax-sel run [--config FILE] [--strategy NAME --dataset NAME ...] --out DIR
     fedjax-sel run --resume DIR     # continue a killed run from its checkpoint
@@ -92,7 +92,7 @@ def _quiet(*args) -> None:
 def cmd_demo(a: argparse.Namespace) -> int:
     from fedjax_sel.demo import run_demo
 
-    run_demo(Path(a.out), rounds=a.rounds, progress=not a.no_progress)
+    run_demo(Path(a.out), rounds=a.rounds, seeds=a.seeds, progress=not a.no_progress)
     return 0
 
 
@@ -355,9 +355,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("demo", help="small strategy comparison on embedded data (< 2 min CPU)")
+    p = sub.add_parser(
+        "demo", help="paired comparison of three strategies on embedded data (< 1 min CPU)"
+    )
     p.add_argument("--out", default="runs/demo", help="output folder")
-    p.add_argument("--rounds", type=int, default=60)
+    p.add_argument("--rounds", type=int, default=40)
+    p.add_argument("--seeds", type=int, default=5, help="paired seeds per strategy (>= 2)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_demo)
 

@@ -1,66 +1,79 @@
-"""``fedjax-sel demo``: a small strategy comparison on the embedded digits data (no network)."""
+"""``fedjax-sel demo``: a paired comparison of three strategies on the embedded digits data
+(no network): the seeds of each strategy run together in one compiled program, and the table
+gives each strategy's mean with its 95% interval and its paired difference against uniform
+sampling with its interval."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
-from fedjax_sel.config import RunConfig
-from fedjax_sel.experiment import plot_curves, run_cells, write_json
-from fedjax_sel.experiment.outputs import print_summary_table
-from fedjax_sel.experiment.sweep import Cell
+from fedjax_sel.config import ConfigError
+from fedjax_sel.experiment.compare import compare, markdown
+from fedjax_sel.experiment.sweep import run_sweep
 
-DEMO_STRATEGIES = (
-    ("uniform", {}, 5),
-    ("power_of_choice", {"d": 10}, 5),
-    ("full", {}, None),
+# The comparison the README's first example shows (examples/sweep_digits.toml).
+DEMO_STRATEGIES: tuple[dict[str, Any], ...] = (
+    {"strategy": "uniform"},
+    {"label": "power_of_choice", "strategy": "power_of_choice", "strategy_args": {"d": 10}},
+    {"strategy": "full", "per_round": 30},
 )
+DEMO_METRICS = ("final_accuracy", "stable_accuracy")
 
 
-def demo_config(strategy: str, args: dict, per_round: int, num_clients: int, rounds: int):
-    return RunConfig(
-        strategy=strategy,
-        strategy_args=dict(args),
-        dataset="digits",
-        partition="dirichlet:0.3",
-        num_clients=num_clients,
-        per_round=per_round,
-        rounds=rounds,
-        local_steps=10,
-        batch_size=16,
-        lr=0.1,
-        eval_every=5,
-        seed=0,
-    )
+def demo_spec(*, rounds: int = 40, seeds: int = 5, num_clients: int = 30) -> dict[str, Any]:
+    """The demo as a sweep specification (the mapping a sweep file holds)."""
+    if seeds < 2:
+        raise ConfigError(f"demo: a paired interval needs at least 2 seeds, got seeds={seeds}")
+    if rounds < 1:
+        raise ConfigError(f"demo: rounds must be >= 1, got {rounds}")
+    strategies = [
+        {**s, "per_round": num_clients} if s["strategy"] == "full" else dict(s)
+        for s in DEMO_STRATEGIES
+    ]
+    return {
+        "sweep": {"seeds": seeds, "baseline": "uniform"},
+        "base": {
+            "dataset": "digits",
+            "partition": "dirichlet:0.3",
+            "num_clients": num_clients,
+            "per_round": 5,
+            "rounds": rounds,
+            "local_steps": 10,
+            "batch_size": 16,
+            "lr": 0.1,
+            "eval_every": max(1, min(5, rounds)),
+        },
+        "strategies": strategies,
+    }
 
 
-def run_demo(out: Path, *, rounds: int = 60, num_clients: int = 30, progress: bool = True):
-    """Runs FedAvg with uniform sampling, Power-of-Choice and full participation on digits
-    (30 clients, Dirichlet 0.3 label skew, MLP), prints a table and writes
-    ``out/comparison.png`` and one run folder per strategy."""
+def run_demo(
+    out: Path, *, rounds: int = 40, seeds: int = 5, num_clients: int = 30, progress: bool = True
+) -> list[dict[str, Any]]:
+    """Runs FedAvg with uniform sampling, Power-of-Choice (d = 10) and full participation on
+    digits (30 clients, Dirichlet 0.3 label skew, MLP) with ``seeds`` paired seeds, prints the
+    paired comparison (final and stable accuracy) and writes ``out/comparison.{md,json,csv,png}``
+    (mean curves with 95% bands) and one run folder per strategy and seed. Returns the rows."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     print(
         f"digits: {num_clients} clients, Dirichlet(0.3) label skew, MLP 64-200-200-10, "
-        f"{rounds} rounds, seed 0"
+        f"{rounds} rounds, {seeds} paired seeds per strategy (run together)"
     )
-    cells = [
-        Cell(
-            demo_config(name, args, per_round or num_clients, num_clients, rounds), out / name, name
-        )
-        for name, args, per_round in DEMO_STRATEGIES
-    ]
-    results = run_cells(cells, progress=progress)
-    summaries = [r.summary for r in results]
-    plot = plot_curves(
-        {r.config.strategy: r.evals for r in results},
-        out / "comparison.png",
-        title=f"digits, {num_clients} clients, Dirichlet 0.3",
+    run_sweep(
+        demo_spec(rounds=rounds, seeds=seeds, num_clients=num_clients),
+        out,
+        progress=progress,
+        echo=print,
+        compare_results=False,
     )
-    write_json(out / "summary.json", {s["strategy"]: s for s in summaries})
+    rows = compare(
+        dirs=[out / "runs"], baseline="uniform", metrics=DEMO_METRICS, out=out, echo=None
+    )
     print()
-    print_summary_table(summaries)
-    print(f"\nplot: {plot}   (per-run outputs under {out}/<strategy>/)")
+    print(markdown(rows))
+    print(f"plot: {out / 'comparison.png'}   (run folders under {out}/runs/)")
     print(f"demo finished in {time.perf_counter() - t0:.1f} s")
-    return summaries
+    return rows
