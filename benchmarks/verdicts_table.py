@@ -18,13 +18,18 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from fedjax_sel.reproduce.common import holm_verdicts
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "reproduce"
 PAPERS = ("hetero_select", "filfl", "ca_fed", "fedcvr_bolt", "sp_cacw")
 VERDICT = {
     "reproduced": "reproduced",
-    "not_reproduced": "not reproduced",
+    "smaller_effect": "smaller effect",
+    "larger_effect": "larger effect",
     "inconclusive": "inconclusive",
+    "not_reproduced": "not reproduced",
+    "not_evidence": "not evidence",
 }
 
 
@@ -36,11 +41,12 @@ def notes() -> list[str]:
     """The runs' notes on their claims (premises not met, sizes), one line per distinct note."""
     seen: dict[str, list[str]] = {}
     for paper, _, v in _entries():
-        if v.get("note"):
-            where = f"{paper} {v['profile']}-{v['size']}: {v['claim']}"
-            seen.setdefault(v["note"], [])
-            if where not in seen[v["note"]]:
-                seen[v["note"]].append(where)
+        where = f"{paper} {v['profile']}-{v['size']}: {v['claim']}"
+        for note in (v.get("note"), v.get("premise") and f"not evidence: {v['premise']}"):
+            if note:
+                seen.setdefault(note, [])
+                if where not in seen[note]:
+                    seen[note].append(where)
     return [f"- {'; '.join(w)}: {note}" for note, w in seen.items()]
 
 
@@ -75,20 +81,42 @@ def deciding_folders(entries: list[tuple[str, str, dict]]) -> dict[tuple, str]:
     return {key: folder for key, (_, folder) in best.items()}
 
 
+def family_verdicts(entries: list[tuple[str, str, dict]]) -> dict[int, str]:
+    """Holm-adjusted verdicts, by index into ``entries``, of the deciding rows: one family per
+    paper, profile and size (its claims counted once; ``not evidence`` rows outside it)."""
+    deciding = deciding_folders(entries)
+    families: dict[tuple, list[int]] = {}
+    for i, (paper, folder, v) in enumerate(entries):
+        if deciding[claim_key(paper, v)] == folder:
+            families.setdefault((paper, v["profile"], v["size"]), []).append(i)
+    out = {}
+    for members in families.values():
+        adjusted = holm_verdicts([entries[i][2] for i in members])
+        out.update(zip(members, adjusted, strict=True))
+    return out
+
+
 def rows() -> tuple[list[str], list[str], Counter]:
     """The table's lines (every row of every folder; a row that another folder's run of the
-    same claim supersedes says so) and the verdict counts of the deciding rows only."""
+    same claim supersedes says so) and the verdict counts of the deciding rows only, keyed
+    ``(paper, profile, size, "raw" or "holm", verdict)``."""
     entries = _entries()
     deciding = deciding_folders(entries)
+    holm = family_verdicts(entries)
     files = [str(path.relative_to(ROOT)) for _, path in verdict_files()]
     lines, counts = [], Counter()
-    for paper, folder, v in entries:
+    for i, (paper, folder, v) in enumerate(entries):
         verdict = VERDICT[v["verdict"]]
+        if v.get("premise"):
+            verdict += " (a premise fails: the notes below)"
         decider = deciding[claim_key(paper, v)]
         if decider == folder:
-            counts[(paper, v["profile"], v["size"], v["verdict"])] += 1
+            counts[(paper, v["profile"], v["size"], "raw", v["verdict"])] += 1
+            counts[(paper, v["profile"], v["size"], "holm", holm[i])] += 1
+            family = VERDICT[holm[i]] if v["verdict"] != "not_evidence" else "-"
         else:
             verdict += f" (superseded by `{paper}/{decider}`, more seeds)"
+            family = "-"
         unstated = v.get("paper_diff") is None or "no number" in (v.get("note") or "")
         paper_diff = "-" if unstated else _signed(v["paper_diff"])
         claim = v["claim"]
@@ -102,18 +130,24 @@ def rows() -> tuple[list[str], list[str], Counter]:
         lines.append(
             f"| {paper} | {claim}: `{v['method']}` vs `{v['baseline']}` | "
             f"{v['profile']}, {v['size']} | {v['seeds']} | "
-            f"{paper_diff} | {ours} | {verdict} |"
+            f"{paper_diff} | {ours} | {verdict} | {family} |"
         )
     return files, lines, counts
 
 
 def summary(counts: Counter) -> list[str]:
+    """One line per paper, profile and size: the claims (not-evidence rows apart) and, per
+    verdict, the unadjusted count with the Holm-adjusted one in brackets."""
     out = []
     for paper, profile, size in sorted(
         {k[:3] for k in counts}, key=lambda k: (PAPERS.index(k[0]), k)
     ):
-        n = [counts[(paper, profile, size, v)] for v in VERDICT]
-        out.append(f"| {paper} | {profile}, {size} | {sum(n)} | {n[0]} | {n[2]} | {n[1]} |")
+        raw = [counts[(paper, profile, size, "raw", v)] for v in VERDICT]
+        holm = [counts[(paper, profile, size, "holm", v)] for v in VERDICT]
+        cells = [f"{r} ({h})" for r, h in zip(raw[:-1], holm[:-1], strict=True)]
+        out.append(
+            f"| {paper} | {profile}, {size} | {sum(raw[:-1])} | {' | '.join(cells)} | {raw[-1]} |"
+        )
     return out
 
 
@@ -184,12 +218,14 @@ def page() -> str:
 
 
 def summary_table() -> str:
-    """The README's table: claims per paper, profile and size, by verdict."""
+    """The README's table: claims per paper, profile and size, by verdict (Holm-adjusted in
+    brackets)."""
     _, _, counts = rows()
     return "\n".join(
         [
-            "| paper | profile, size | claims | reproduced | inconclusive | not reproduced |",
-            "|---|---|---:|---:|---:|---:|",
+            "| paper | profile, size | claims | reproduced | smaller effect | larger effect | "
+            "inconclusive | not reproduced | not evidence |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|",
             *summary(counts),
         ]
     )
@@ -219,8 +255,8 @@ def table(files: list[str], lines: list[str]) -> str:
             f"<!-- numbers: {' '.join(files)} -->",
             "",
             "| paper | claim: method vs baseline | profile, size | seeds | paper's difference | "
-            "ours [95% CI] | verdict |",
-            "|---|---|---|---:|---:|---|---|",
+            "ours [95% CI] | verdict | Holm |",
+            "|---|---|---|---:|---:|---|---|---|",
             *lines,
             "",
             "<!-- /numbers -->",
@@ -242,12 +278,29 @@ MSE for FedCVR-Bolt's regressions); the interval is the paired-t 95% interval ov
 - **size**: `cpu` is scaled down to finish on a 2-core CPU (fewer rounds and clients, smaller
   data); `paper` is the paper's size. A verdict at `cpu` size says what holds at that size,
   not what the paper measured at its own.
-- **verdict**: `reproduced`: the interval excludes zero on the side of the paper's effect;
-  `inconclusive`: it holds both zero and the paper's effect (more seeds would settle it);
-  `not reproduced`: it excludes the paper's effect and does not lie beyond zero on its side.
-  A paper's difference of `-` means the text gives no number for the claim. A claim measured
-  again in another folder (a table rerun with more seeds) is decided by the run with the most
-  seeds; its other rows say "superseded" and the README's summary counts the claim once.
+- **verdict**, on the paired difference's 95% interval and the paper's difference D (a
+  D of 0, shown `-` where the text gives no number, claims a direction only):
+  - `reproduced`: the interval excludes zero on the side of the paper's effect and contains
+    D (for a direction only: excludes zero on the better side);
+  - `smaller effect` / `larger effect`: the direction holds (zero excluded on D's side) but the
+    interval lies wholly below / above D's size;
+  - `inconclusive`: it holds both zero and D (more seeds would settle it);
+  - `not reproduced`: it excludes D and does not lie beyond zero on D's side;
+  - `not evidence`: a premise the claim rests on fails in the run (the row says which); such
+    rows are kept here and left out of the claims counted.
+
+  Only what the paper claims is a claim: its method better than a baseline, or a stated
+  ablation effect (a table cell where its own method loses is not scored).
+- **Holm**: the verdict with the family-wise error held at 5%. The family is a paper's claims
+  in one profile and size (each claim counted once), without the not-evidence rows. Each row
+  has the paired t-test's two-sided p-values against zero (`p_zero`) and against D
+  (`p_paper`); at 0.05 unadjusted they give the verdict column exactly. Holm's step-down
+  adjustment is applied over the family's tests against zero, and apart over its tests
+  against D, and the same rule then gives this column. A row another run supersedes has no
+  Holm verdict.
+- A claim measured again in another folder (a table rerun with more seeds) is decided by the
+  run with the most seeds; its other rows say "superseded" and the README's summary counts the
+  claim once.
 
 {table}
 

@@ -19,7 +19,14 @@ from fedjax_sel.experiment.compare import (
     paired_stats,
 )
 from fedjax_sel.experiment.outputs import write_json
-from fedjax_sel.reproduce.common import seeds_to_settle, verdict
+from fedjax_sel.reproduce.common import (
+    holm_verdicts,
+    p_values_from_ci,
+    seeds_to_settle,
+    t_test_p,
+    verdict,
+    verdict_from_p,
+)
 
 SEEDS = 8
 
@@ -174,18 +181,59 @@ def test_percent_reports_accuracies_in_percent_and_differences_in_points(planted
 @pytest.mark.parametrize(
     "lo, hi, claimed, want",
     [
-        (0.5, 2.0, 1.0, "reproduced"),  # excludes 0 on the claimed side
-        (0.1, 0.4, 1.0, "reproduced"),  # ... also when it lies below the claimed size
+        (0.5, 2.0, 1.0, "reproduced"),  # excludes 0 on the claimed side, holds the claim
+        (0.1, 0.4, 1.0, "smaller_effect"),  # ... but lies below the claimed size
+        (1.5, 3.0, 1.0, "larger_effect"),  # ... or above it
         (-0.5, 0.4, 1.0, "not_reproduced"),  # excludes the claim, not above 0
         (-3.0, -1.0, 1.0, "not_reproduced"),  # the opposite direction
         (-0.5, 1.5, 1.0, "inconclusive"),  # contains both 0 and the claim
         (-2.0, -0.5, -1.0, "reproduced"),  # a claimed decrease
+        (-0.5, -0.1, -1.0, "smaller_effect"),
         (-0.5, 0.5, -1.0, "not_reproduced"),
+        (0.1, 5.0, 0.0, "reproduced"),  # a direction only: any size on the better side
+        (-1.0, 1.0, 0.0, "inconclusive"),
+        (-1.0, -0.1, 0.0, "not_reproduced"),
         (None, None, 1.0, "inconclusive"),  # one seed
     ],
 )
 def test_verdict_rules(lo, hi, claimed, want):
     assert verdict(lo, hi, claimed) == want
+
+
+def test_p_values_give_the_interval_verdict_and_come_back_from_the_interval():
+    """At 0.05 the two t-tests (against 0 and against the claim) decide as the 95% interval
+    does; the committed rows' p-values are recomputed from their intervals the same way."""
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        n = int(rng.integers(3, 12))
+        d = rng.normal(rng.normal(0, 1.5), rng.uniform(0.1, 2.0), n)
+        claimed = float(rng.choice([0.0, 1.0, -1.0, 2.5]))
+        m, lo, hi = mean_ci(d)
+        p0, pd = t_test_p(d), t_test_p(d, claimed)
+        t0 = stats.ttest_1samp(d, 0.0).pvalue
+        assert p0 == pytest.approx(t0, rel=1e-9)
+        assert pd == pytest.approx(stats.ttest_1samp(d, claimed).pvalue, rel=1e-9)
+        assert verdict_from_p(m, p0, pd, claimed) == verdict(lo, hi, claimed)
+        q0, qd = p_values_from_ci(m, lo, hi, n, claimed)
+        assert (q0, qd) == pytest.approx((p0, pd), rel=1e-7, abs=1e-12)
+
+
+def test_holm_verdicts_hold_the_family_wise_level():
+    """Three claims whose unadjusted p-values against 0 are 0.01, 0.02 and 0.04: Holm makes
+    them 0.03, 0.04 and 0.04, so all stay below 0.05; with a fourth claim at 0.30 the first
+    becomes 0.04, the second 0.06 and the third 0.08: only one stays reproduced."""
+
+    def row(p0, verdict="reproduced", diff=1.0, claimed=1.0):
+        return {"verdict": verdict, "p_zero": p0, "p_paper": 0.9, "diff_mean": diff,
+                "paper_diff": claimed}  # fmt: skip
+
+    three = [row(0.01), row(0.02), row(0.04)]
+    assert holm_verdicts(three) == ["reproduced"] * 3
+    four = [*three, row(0.30, "inconclusive")]
+    assert holm_verdicts(four) == ["reproduced", "inconclusive", "inconclusive", "inconclusive"]
+    # a not-evidence row stays so and does not enlarge the family
+    assert holm_verdicts([*three, row(0.30, "not_evidence")])[:3] == ["reproduced"] * 3
+    assert holm_verdicts([row(0.30, "not_evidence")]) == ["not_evidence"]
 
 
 def test_seeds_to_settle_is_where_the_interval_would_exclude_0_or_the_claim():

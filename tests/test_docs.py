@@ -91,29 +91,70 @@ def test_verdicts_page_and_readme_summary_are_the_committed_verdicts():
 
 def test_a_claim_rerun_with_more_seeds_counts_once(tmp_path, monkeypatch):
     """A table rerun into another folder with more seeds decides its claims: the summary counts
-    each claim once (the most seeds), the page keeps both rows and marks the other one."""
+    each claim once (the most seeds), unadjusted and Holm-adjusted over the paper's family, the
+    page keeps both rows and marks the other one; a not-evidence row is kept out of the claims."""
     gen = _verdicts_table()
 
-    def row(claim, seeds, verdict, baseline="B"):
-        return {"claim": claim, "profile": "paper", "size": "cpu", "setting": "mnist",
-                "method": "M", "baseline": baseline, "seeds": seeds, "paper_diff": 1.0,
-                "diff_mean": 0.5, "diff_ci_low": 0.1, "diff_ci_high": 0.9, "verdict": verdict,
-                "note": ""}  # fmt: skip
+    def row(claim, seeds, verdict, p_zero, p_paper, diff=0.5, baseline="B", premise=None):
+        r = {"claim": claim, "profile": "paper", "size": "cpu", "setting": "mnist",
+             "method": "M", "baseline": baseline, "seeds": seeds, "paper_diff": 1.0,
+             "diff_mean": diff, "diff_ci_low": 0.1, "diff_ci_high": 0.9, "verdict": verdict,
+             "p_zero": p_zero, "p_paper": p_paper, "note": ""}  # fmt: skip
+        if premise:
+            r["premise"] = premise
+        return r
 
-    first = [row("T4", 10, "inconclusive"), row("T2", 10, "not_reproduced")]
-    rerun = [row("T4", 20, "reproduced")]
+    first = [
+        row("T4", 10, "inconclusive", 0.2, 0.2),
+        row("T2", 10, "not_reproduced", 0.5, 0.001, diff=0.1),
+        row("T5", 10, "not_evidence", 0.5, 0.5, premise="the model stays at chance"),
+    ]
+    rerun = [row("T4", 20, "reproduced", 0.03, 0.4)]
     for folder, rows in (("paper-cpu", first), ("paper-cpu-t4", rerun)):
         (tmp_path / "filfl" / folder).mkdir(parents=True)
         (tmp_path / "filfl" / folder / "verdicts.json").write_text(json.dumps(rows))
     monkeypatch.setattr(gen, "RESULTS", tmp_path)
     monkeypatch.setattr(gen, "ROOT", tmp_path)
     _, lines, counts = gen.rows()
-    assert counts == {("filfl", "paper", "cpu", "reproduced"): 1,
-                      ("filfl", "paper", "cpu", "not_reproduced"): 1}  # fmt: skip
-    assert len(lines) == 3
-    assert "inconclusive (superseded by `filfl/paper-cpu-t4`, more seeds)" in lines[0]
-    assert lines[1].endswith("| not reproduced |") and lines[2].endswith("| reproduced |")
-    assert "| filfl | paper, cpu | 2 | 1 | 0 | 1 |" in gen.summary_table()
+    key = ("filfl", "paper", "cpu")
+    # Holm over the family's two claims: T4's p 0.03 becomes 0.06 (inconclusive), T2's test
+    # against the claim 0.001 becomes 0.002 (still not reproduced)
+    assert {k[3:]: v for k, v in counts.items() if k[:3] == key} == {
+        ("raw", "reproduced"): 1, ("raw", "not_reproduced"): 1, ("raw", "not_evidence"): 1,
+        ("holm", "inconclusive"): 1, ("holm", "not_reproduced"): 1, ("holm", "not_evidence"): 1,
+    }  # fmt: skip
+    assert len(lines) == 4
+    assert "inconclusive (superseded by `filfl/paper-cpu-t4`, more seeds) | - |" in lines[0]
+    assert lines[1].endswith("| not reproduced | not reproduced |")
+    assert "not evidence (a premise fails: the notes below) | - |" in lines[2]
+    assert lines[3].endswith("| reproduced | inconclusive |")
+    assert "| filfl | paper, cpu | 2 | 1 (0) | 0 (0) | 0 (0) | 0 (1) | 1 (1) | 1 |" in (
+        gen.summary_table()
+    )
+    assert any("not evidence: the model stays at chance" in n for n in gen.notes())
+
+
+def test_every_committed_verdict_follows_from_its_own_interval():
+    """Each committed row's verdict is the rule applied to its paired interval and the paper's
+    difference (or ``not_evidence`` with the failed premise named), and its two p-values are
+    the t-tests that interval implies."""
+    from fedjax_sel.reproduce.common import p_values_from_ci, verdict
+
+    gen = _verdicts_table()
+    checked = 0
+    for _, path in gen.verdict_files():
+        for r in json.loads(path.read_text()):
+            where = f"{path.parent.name}: {r['claim']}"
+            if r["verdict"] == "not_evidence":
+                assert r.get("premise"), where
+            else:
+                want = verdict(r["diff_ci_low"], r["diff_ci_high"], r["paper_diff"])
+                assert r["verdict"] == want, where
+            p0, pd = p_values_from_ci(r["diff_mean"], r["diff_ci_low"], r["diff_ci_high"],
+                                      r["seeds"], r["paper_diff"])  # fmt: skip
+            assert (r["p_zero"], r["p_paper"]) == pytest.approx((p0, pd), rel=1e-6, abs=1e-12)
+            checked += 1
+    assert checked >= 100
 
 
 @pytest.mark.parametrize(

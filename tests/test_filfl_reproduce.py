@@ -23,6 +23,7 @@ from fedjax_sel.experiment.compare import Run
 from fedjax_sel.experiment.run import RunResult
 from fedjax_sel.reproduce import REPRODUCTIONS
 from fedjax_sel.reproduce import filfl as repro
+from fedjax_sel.reproduce.common import VERDICTS
 
 PAPER = repro.SCALES["paper"]
 
@@ -310,7 +311,7 @@ def test_tiny_end_to_end_writes_verdicts_and_recomputes_changed_cells(tmp_path, 
         assert r["baseline"] == repro.BOUND_LABEL and r["seeds"] == 2 and r["paper_value"] == 0.96
         assert 0 < r["ours_mean"] <= 1 + 1e-6
         np.testing.assert_allclose(r["diff_mean"], r["ours_mean"] - 0.96)
-        assert r["verdict"] in ("reproduced", "not_reproduced", "inconclusive")
+        assert r["verdict"] in VERDICTS
     assert results["verdicts"] == rows and "Fig. 11" in (out / "tables.md").read_text()
     summary = next((out / "runs").rglob("summary.json"))
     assert json.loads(summary.read_text())["rounds_completed"] == 4

@@ -88,6 +88,20 @@ def bootstrap_ci(
     return float(lo), float(hi)
 
 
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjustment: the i-th smallest of m p-values becomes
+    ``max_{j <= i} min(1, (m - j + 1) p_(j))``; returned in the input order."""
+    p = np.asarray(p_values, np.float64)
+    m = p.size
+    order = np.argsort(p, kind="stable")
+    adjusted = np.empty(m)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        adjusted[i] = running
+    return adjusted.tolist()
+
+
 def paired_stats(
     x: Sequence[float],
     base: Sequence[float],

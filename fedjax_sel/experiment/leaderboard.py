@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from fedjax_sel.experiment.compare import mean_ci, paired_stats
+from fedjax_sel.experiment.compare import holm, mean_ci, paired_stats
 from fedjax_sel.experiment.outputs import read_json, subplots, write_json
 from fedjax_sel.experiment.suite import (
     CELL_METRICS,
@@ -67,20 +67,6 @@ ROW_KEYS = (
 )
 TARGET_METRICS = ("rounds_to_target", "time_to_target")
 DEADLINE_BOUNDS = (0.05, 0.95)  # a deadline hit in fewer or more rounds is misconfigured
-
-
-def holm(p_values: Sequence[float]) -> list[float]:
-    """Holm's step-down adjustment: the i-th smallest of m p-values becomes
-    ``max_{j <= i} min(1, (m - j + 1) p_(j))``; returned in the input order."""
-    p = np.asarray(p_values, np.float64)
-    m = p.size
-    order = np.argsort(p, kind="stable")
-    adjusted = np.empty(m)
-    running = 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (m - rank) * p[i]))
-        adjusted[i] = running
-    return adjusted.tolist()
 
 
 def metrics_of(suite: Suite, task_name: str) -> list[str]:

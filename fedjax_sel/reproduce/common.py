@@ -8,13 +8,22 @@ compiled program; a finished cell of the same configuration is never recomputed;
 interrupted one resumes), then reads metrics per seed for its tables and claims.
 
 Verdicts, on the paired difference ``d = method - baseline`` over seeds and
-its 95% CI, against the paper's claimed difference ``D``:
+its 95% CI, against the paper's claimed difference ``D`` (``D = 0``: a claim of direction
+only, "better", with no size):
 
-* ``reproduced``: the CI excludes 0 on the side of ``D`` (noted when it also lies wholly below
-  ``D``'s size);
+* ``reproduced``: the CI excludes 0 on the side of ``D`` and contains ``D`` (for ``D = 0``:
+  lies wholly on the better side);
+* ``smaller_effect`` / ``larger_effect``: the CI excludes 0 on the side of ``D``, and lies
+  wholly below / above ``D``'s size (the direction holds, the size does not);
 * ``not_reproduced``: the CI excludes ``D`` and does not lie beyond 0 on ``D``'s side;
 * ``inconclusive``: the CI contains both 0 and ``D``; the row says how many seeds would settle
-  it at the observed mean and spread.
+  it at the observed mean and spread;
+* ``not_evidence``: a premise the claim rests on fails in the run (the row says which); kept
+  out of the totals.
+
+Each row also carries the paired t-test's two-sided p-values against 0 (``p_zero``) and
+against ``D`` (``p_paper``): at 0.05 they give the verdict above exactly, and Holm-adjusted
+over a family of claims (:func:`holm_verdicts`) the family-wise verdict.
 """
 
 from __future__ import annotations
@@ -36,7 +45,15 @@ from fedjax_sel.experiment.outputs import write_json
 from fedjax_sel.experiment.sweep import Cell, _slug, run_cells
 from fedjax_sel.reproduce import PROFILES, SIZES
 
-VERDICTS = ("reproduced", "not_reproduced", "inconclusive")
+VERDICTS = (
+    "reproduced",
+    "smaller_effect",
+    "larger_effect",
+    "not_reproduced",
+    "inconclusive",
+    "not_evidence",
+)
+ALPHA = 0.05
 MAX_SEEDS = 10_000
 
 
@@ -72,17 +89,87 @@ def seeds_to_settle(d: Sequence[float], claimed: float, level: float = 0.95) -> 
 
 
 def verdict(lo: float | None, hi: float | None, claimed: float) -> str:
-    """The verdict of a paired-difference CI ``[lo, hi]`` on a claimed difference."""
+    """The verdict of a paired-difference CI ``[lo, hi]`` on a claimed difference (module
+    docstring; ``claimed = 0``: direction only, the better side positive)."""
     if lo is None or hi is None:
         return "inconclusive"
     sign = 1.0 if claimed >= 0 else -1.0
     lo_s, hi_s = sorted((sign * lo, sign * hi))  # the claim's direction made positive
     claim_s = abs(claimed)
     if lo_s > 0:
-        return "reproduced"
+        if claim_s == 0 or lo_s <= claim_s <= hi_s:
+            return "reproduced"
+        return "smaller_effect" if hi_s < claim_s else "larger_effect"
     if not (lo_s <= claim_s <= hi_s):
         return "not_reproduced"
     return "inconclusive"
+
+
+def t_test_p(d: Sequence[float], against: float = 0.0) -> float | None:
+    """Two-sided paired t-test p-value of the mean of ``d`` against ``against``."""
+    a = np.asarray(d, np.float64)
+    if a.size < 2:
+        return None
+    sd = float(a.std(ddof=1))
+    return p_from_t(float(a.mean()) - against, sd / math.sqrt(a.size), a.size - 1)
+
+
+def p_from_t(gap: float, se: float, df: int) -> float:
+    """Two-sided p-value of a mean ``gap`` away from the hypothesis, standard error ``se``."""
+    if se == 0:
+        return 1.0 if gap == 0 else 0.0
+    from scipy import stats
+
+    return float(2 * stats.t.sf(abs(gap / se), df))
+
+
+def p_values_from_ci(mean: float, lo: float, hi: float, seeds: int, claimed: float):
+    """``(p_zero, p_paper)`` from a paired t interval ``[lo, hi]`` of ``seeds`` pairs: the
+    interval is ``mean +- t_crit * se``, so its half-width gives the standard error back."""
+    se = (hi - lo) / 2 / t_critical(seeds - 1)
+    return p_from_t(mean, se, seeds - 1), p_from_t(mean - claimed, se, seeds - 1)
+
+
+def verdict_from_p(
+    mean: float, p_zero: float | None, p_paper: float | None, claimed: float, alpha: float = ALPHA
+) -> str:
+    """The verdict from the two tests at level ``alpha`` (equal to :func:`verdict` on the CI at
+    ``alpha = 0.05`` with unadjusted p-values; with Holm-adjusted ones, the family's)."""
+    if p_zero is None or p_paper is None:
+        return "inconclusive"
+    sign = 1.0 if claimed >= 0 else -1.0
+    m, claim_s = sign * mean, abs(claimed)
+    beyond_zero = p_zero < alpha and m > 0
+    excludes_claim = p_paper < alpha
+    if beyond_zero:
+        if claim_s == 0 or not excludes_claim:
+            return "reproduced"
+        return "smaller_effect" if m < claim_s else "larger_effect"
+    if claim_s == 0:
+        return "not_reproduced" if p_zero < alpha else "inconclusive"
+    return "not_reproduced" if excludes_claim else "inconclusive"
+
+
+def holm_verdicts(rows: Sequence[dict[str, Any]], alpha: float = ALPHA) -> list[str]:
+    """Family-wise verdicts of ``rows`` (one family: a paper's claims in one profile and size):
+    Holm over the family's tests against 0, and apart over its tests against the paper's sizes;
+    ``not_evidence`` rows stay so and are not in the family."""
+    from fedjax_sel.experiment.compare import holm
+
+    family = [i for i, r in enumerate(rows) if r["verdict"] != "not_evidence"]
+    out = [str(r["verdict"]) for r in rows]
+    if not family:
+        return out
+
+    def adjusted(key: str) -> list[float | None]:
+        have = [i for i in family if rows[i].get(key) is not None]
+        adj = dict(zip(have, holm([rows[i][key] for i in have]), strict=True))
+        return [adj.get(i) for i in family]
+
+    for i, p0, pd in zip(family, adjusted("p_zero"), adjusted("p_paper"), strict=True):
+        r = rows[i]
+        out[i] = verdict_from_p(r["diff_mean"], p0, pd, r["paper_diff"], alpha)
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +181,9 @@ class Claim:
     quoted in percent). ``contrast``: a pair ``(label2, baseline2)`` makes the claim a
     difference of differences, ``(label - baseline) - (label2 - baseline2)`` paired over
     seeds (an interaction: a change helps one policy more than another); ``paper_value`` is
-    then the paper's ``label - baseline`` and "ours" our paired ``label - baseline``."""
+    then the paper's ``label - baseline`` and "ours" our paired ``label - baseline``.
+    ``premise``: set where a premise the claim rests on fails in the run (what failed); the
+    verdict is then ``not_evidence``."""
 
     claim: str
     setting: str
@@ -107,6 +196,7 @@ class Claim:
     scale: float = 100.0
     note: str = ""
     contrast: tuple[str, str] | None = None
+    premise: str = ""
 
 
 # ----------------------------------------------------------------------------- every cell
@@ -254,7 +344,7 @@ class Study:
         else:
             dm = dlo = dhi = None
         claimed = c.paper_diff
-        v = verdict(dlo, dhi, claimed)
+        v = "not_evidence" if c.premise else verdict(dlo, dhi, claimed)
         row = {
             "paper": self.paper,
             "claim": c.claim,
@@ -274,15 +364,13 @@ class Study:
             "diff_mean": dm,
             "diff_ci_low": dlo,
             "diff_ci_high": dhi,
+            "p_zero": t_test_p(d),
+            "p_paper": t_test_p(d, claimed),
             "verdict": v,
             "note": c.note,
         }
-        if v == "reproduced" and dlo is not None:
-            lo_s, hi_s = sorted((math.copysign(1, claimed) * dlo, math.copysign(1, claimed) * dhi))
-            if hi_s < abs(claimed):
-                row["note"] = (row["note"] + "; " if row["note"] else "") + (
-                    "the whole CI lies below the paper's size"
-                )
+        if c.premise:
+            row["premise"] = c.premise
         if v == "inconclusive":
             row["seeds_to_settle"] = seeds_to_settle(d, claimed)
         if d.size < 5:
