@@ -174,3 +174,31 @@ def test_char_lstm_forward_matches_numpy():
     want = _np_dense(params["Dense_0"], xs[:, -1])
     got = jax.jit(model.apply)(params, jnp.asarray(tokens, jnp.int32))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["logreg", "mlp", "linreg"])
+def test_torch_init_is_pytorchs_linear_default(name):
+    """``init=torch``: every weight and bias uniform in +-1/sqrt(fan_in), as PyTorch's
+    ``nn.Linear`` (kaiming_uniform with a = sqrt(5)); the default keeps flax's (zero bias)."""
+    from scipy import stats
+
+    shape, classes = (784,), 10
+    torch_like = make_model(name, input_shape=shape, num_classes=classes, init="torch")
+    params = torch_like.init(jax.random.key(0))
+    flat = jax.tree_util.tree_leaves_with_path(params)
+    assert flat
+    for path, leaf in flat:
+        layer = path[0].key
+        kernel = params[layer]["kernel"]
+        bound = 1.0 / np.sqrt(kernel.shape[0])
+        v = np.asarray(leaf).ravel()
+        assert np.abs(v).max() <= bound
+        if v.size >= 2000:  # a uniform's spread and shape (Kolmogorov-Smirnov)
+            assert v.std() == pytest.approx(bound / np.sqrt(3), rel=0.03)
+            assert stats.kstest(v, stats.uniform(-bound, 2 * bound).cdf).pvalue > 1e-3
+    default = make_model(name, input_shape=shape, num_classes=classes).init(jax.random.key(0))
+    for layer in default:
+        if "bias" in default[layer]:
+            assert not np.any(np.asarray(default[layer]["bias"]))
+    with pytest.raises(ConfigError, match=r"init must be one of \('flax', 'torch'\), got 'he'"):
+        make_model(name, input_shape=shape, num_classes=classes, init="he")

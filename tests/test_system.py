@@ -23,6 +23,7 @@ from fedjax_sel.system import (
     from_spec,
     lognormal,
     model_kbit,
+    normal,
     overcommitted,
     round_timing,
 )
@@ -69,6 +70,34 @@ def test_lognormal_profiles_have_their_medians():
     ms, _ = model.step(state, jax.random.key(1))
     ratio = np.log(np.asarray(ms) / np.asarray(state.ms_per_example))
     assert abs(ratio.std() - 0.3) < 0.01  # per-round jitter of the given spread
+
+
+def test_normal_profiles_have_their_mean_spread_and_floor():
+    """Away from the floor the draws are N(mean, std); a spread wide enough to cross zero is
+    clipped at 5% of the mean: exactly the share of a normal below it sits on the floor."""
+    from scipy import stats
+
+    n = 40000
+    state = normal(compute_ms=150.0, std=30.0, bandwidth_kbps=2200.0, bandwidth_std=400.0).init(
+        jax.random.key(0), n
+    )
+    ms, bw = np.asarray(state.ms_per_example), np.asarray(state.bandwidth_kbps)
+    assert abs(ms.mean() - 150.0) < 0.6 and abs(ms.std() - 30.0) < 0.5
+    assert abs(bw.mean() - 2200.0) < 8.0 and abs(bw.std() - 400.0) < 6.0
+    wide = normal(compute_ms=100.0, std=80.0, bandwidth_kbps=1000.0, bandwidth_std=900.0)
+    state = wide.init(jax.random.key(1), n)
+    for values, mean, std in ((state.ms_per_example, 100.0, 80.0),
+                              (state.bandwidth_kbps, 1000.0, 900.0)):  # fmt: skip
+        v = np.asarray(values)
+        floor = 0.05 * mean
+        assert v.min() == pytest.approx(floor)  # clipped, never below
+        share = float(np.mean(v == np.float32(floor)))
+        assert share == pytest.approx(stats.norm.cdf((floor - mean) / std), abs=0.006)
+        above = v[v > floor]  # the unclipped part is the normal's upper part
+        assert np.median(above) == pytest.approx(
+            mean + std * stats.norm.ppf(0.5 + 0.5 * stats.norm.cdf((floor - mean) / std)),
+            rel=0.02,
+        )
 
 
 @pytest.mark.parametrize("deadline", [None, 25.0, 8.0])
