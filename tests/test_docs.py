@@ -137,13 +137,31 @@ def test_a_claim_rerun_with_more_seeds_counts_once(tmp_path, monkeypatch):
 def test_every_committed_verdict_follows_from_its_own_interval():
     """Each committed row's verdict is the rule applied to its paired interval and the paper's
     difference (or ``not_evidence`` with the failed premise named), and its two p-values are
-    the t-tests that interval implies."""
-    from fedjax_sel.reproduce.common import p_values_from_ci, verdict
+    the t-tests that interval implies. Where the folder has ``per_seed.json`` (runs since it
+    exists), every row and ``cells.json`` are recomputed from the per-seed values."""
+    from fedjax_sel.reproduce.common import (
+        claim_of_row,
+        claim_row,
+        p_values_from_ci,
+        summarize_per_seed,
+        verdict,
+    )
 
     gen = _verdicts_table()
     checked = 0
     for _, path in gen.verdict_files():
-        for r in json.loads(path.read_text()):
+        rows = json.loads(path.read_text())
+        per_seed = path.parent / "per_seed.json"
+        if per_seed.is_file():
+            cells = json.loads(per_seed.read_text())["cells"]
+            committed = json.loads((path.parent / "cells.json").read_text())
+            assert summarize_per_seed(cells) == committed, path.parent.name
+            for r in rows:  # JSON keeps floats exactly: the same code gives the same bits
+                head = {k: r[k] for k in ("paper", "claim", "profile", "size", "setting")}
+                again = claim_row(cells, claim_of_row(r), r["arms"], head)
+                again.pop("note"), r.pop("note")  # the claim's note is not in the row alone
+                assert again == r, f"{path.parent.name}: {r['claim']}"
+        for r in rows:
             where = f"{path.parent.name}: {r['claim']}"
             if r["verdict"] == "not_evidence":
                 assert r.get("premise"), where

@@ -18,7 +18,12 @@ from fedjax_sel.experiment import run_group
 from fedjax_sel.models import make_model
 from fedjax_sel.reproduce import REPRODUCTIONS, run_reproduction
 from fedjax_sel.reproduce import hetero_select as hsr
-from fedjax_sel.reproduce.common import VERDICTS
+from fedjax_sel.reproduce.common import (
+    VERDICTS,
+    claim_of_row,
+    claim_row,
+    summarize_per_seed,
+)
 
 REQUIRED = (
     "paper claim profile size seeds paper_value ours_mean ours_ci_low ours_ci_high diff_mean "
@@ -227,6 +232,21 @@ def test_tiny_end_to_end_verdicts_and_cache(tiny, capsys):
     assert row["diff_mean"] == pytest.approx(d.mean(), abs=1e-6)
     half = 4.302652729911275 * d.std(ddof=1) / np.sqrt(3)  # t(0.975, 2)
     assert row["diff_ci_high"] - row["diff_ci_low"] == pytest.approx(2 * half, rel=1e-6)
+    # per_seed.json: the run folders' values seed by seed, from which the verdicts and
+    # cells.json are computed; deleting runs/ loses nothing they need
+    per_seed = json.loads((out / "per_seed.json").read_text())
+    assert per_seed["version"] == 1 and (per_seed["paper"], per_seed["size"]) == (
+        "hetero_select", "cpu")  # fmt: skip
+    for key, cell in per_seed["cells"].items():
+        for seed, values in cell["seeds"].items():
+            assert 100 * values["final_accuracy"] == pytest.approx(
+                finals[(cell["label"], int(seed))], abs=1e-9
+            ), key
+    assert summarize_per_seed(per_seed["cells"]) == cells
+    for r in rows:
+        head = {k: r[k] for k in ("paper", "claim", "profile", "size", "setting")}
+        again = claim_row(per_seed["cells"], claim_of_row(r), r["arms"], head)
+        assert {**again, "note": ""} == {**r, "note": ""}  # the note is the claim's
     capsys.readouterr()
     # rerun: every cell is reused, and run_info.json keeps the first run under earlier_runs
     run_reproduction(

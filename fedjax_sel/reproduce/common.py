@@ -210,32 +210,129 @@ CELL_METRICS = {
 }
 
 
-def summarize_cells(out: str | Path) -> dict[str, Any]:
-    """Every configuration run under ``out/runs`` (tuning runs included), read back from its
-    seeds' ``summary.json``: ``{"SETTING/LABEL": {"label", "seeds", METRIC: {"mean", "ci_low",
-    "ci_high"}}}``, accuracies in %. Written as ``out/cells.json`` by :meth:`Study.verdicts`
-    so that every number of a reproduction's ``tables.md`` is in a JSON file, also after the
-    per-seed run folders are deleted."""
+PER_SEED_VERSION = 1
+
+
+def per_seed_cells(out: str | Path) -> dict[str, dict[str, Any]]:
+    """Every configuration run under ``out/runs`` (tuning runs included), seed by seed, from
+    its seeds' ``summary.json``: ``{"SETTING/LABEL": {"label", "seeds": {"S": {METRIC:
+    value}}}}`` with the :data:`CELL_METRICS` (raw values, not in %)."""
     runs = Path(out) / "runs"
-    groups: dict[str, list[dict]] = {}
+    cells: dict[str, dict[str, Any]] = {}
     for path in sorted(runs.glob("**/seed*/summary.json")):
         key = path.parent.parent.relative_to(runs).as_posix()
-        groups.setdefault(key, []).append(json.loads(path.read_text()))
-    cells = {}
-    for key, summaries in groups.items():
-        summaries.sort(key=lambda x: x.get("seed", 0))
-        cell: dict[str, Any] = {
-            "label": summaries[0].get("label"),
-            "seeds": [x.get("seed") for x in summaries],
+        summary = json.loads(path.read_text())
+        cell = cells.setdefault(key, {"label": summary.get("label"), "seeds": {}})
+        cell["seeds"][str(summary.get("seed", 0))] = {
+            m: float(summary[m])
+            for m in CELL_METRICS
+            if isinstance(summary.get(m), (int, float)) and math.isfinite(summary[m])
         }
+    for cell in cells.values():
+        cell["seeds"] = dict(sorted(cell["seeds"].items(), key=lambda kv: int(kv[0])))
+    return cells
+
+
+def summarize_per_seed(cells: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """``cells.json`` from per-seed cells: ``{"SETTING/LABEL": {"label", "seeds", METRIC:
+    {"mean", "ci_low", "ci_high"}}}``, accuracies in %, so that every number of a
+    reproduction's ``tables.md`` is in a JSON file computed from the committed per-seed
+    values."""
+    out = {}
+    for key, cell in cells.items():
+        seeds = cell["seeds"]
+        row: dict[str, Any] = {"label": cell["label"], "seeds": [int(s) for s in seeds]}
         for metric, scale in CELL_METRICS.items():
-            v = [x[metric] for x in summaries if isinstance(x.get(metric), (int, float))]
-            v = [scale * x for x in v if math.isfinite(x)]
+            v = [scale * x[metric] for x in seeds.values() if metric in x]
             if v:
                 m, lo, hi = mean_ci(v)
-                cell[metric] = {"mean": m, "ci_low": lo, "ci_high": hi}
-        cells[key] = cell
-    return cells
+                row[metric] = {"mean": m, "ci_low": lo, "ci_high": hi}
+        out[key] = row
+    return out
+
+
+def summarize_cells(out: str | Path) -> dict[str, Any]:
+    """``cells.json`` of the run folders under ``out/runs`` (:func:`summarize_per_seed`)."""
+    return summarize_per_seed(per_seed_cells(out))
+
+
+def cell_values(cells: dict[str, dict[str, Any]], arm: str, metric: str) -> dict[int, float]:
+    """seed -> value of ``metric`` in the per-seed cell ``arm`` (seeds without it left out)."""
+    seeds = cells.get(arm, {}).get("seeds", {})
+    return {int(s): v[metric] for s, v in seeds.items() if metric in v}
+
+
+def claim_row(
+    cells: dict[str, dict[str, Any]], c: Claim, arms: Sequence[str], head: dict[str, Any]
+) -> dict[str, Any]:
+    """A claim's ``verdicts.json`` row from per-seed cells, paired over the seeds every arm
+    (``arms``: the cell keys of the claim's label, baseline and contrast pair) has; ``head``:
+    the row's leading fields (paper, claim, profile, size, setting)."""
+    values = [cell_values(cells, arm, c.metric) for arm in arms]
+    common = sorted(set.intersection(*(set(v) for v in values)))
+    xs, bs, *contrast = (np.asarray([v[s] for s in common], np.float64) * c.scale for v in values)
+    d = xs - bs
+    if contrast:  # ours: the method's own paired gain; the verdict: gain minus gain
+        ours = summary_stat(d)
+        d = d - (contrast[0] - contrast[1])
+    else:
+        ours = summary_stat(np.asarray(list(values[0].values()), np.float64) * c.scale)
+    if d.size:
+        dm, dlo, dhi = mean_ci(d)
+    else:
+        dm = dlo = dhi = None
+    claimed = c.paper_diff
+    v = "not_evidence" if c.premise else verdict(dlo, dhi, claimed)
+    row = {
+        **head,
+        # a contrast's row names both differences: "A - B" vs "C - D"
+        "method": " - ".join((c.label, c.baseline)) if c.contrast else c.label,
+        "baseline": " - ".join(c.contrast) if c.contrast else c.baseline,
+        "metric": c.metric,
+        "labels": [c.label, c.baseline, *(c.contrast or ())],
+        "arms": list(arms),
+        "scale": c.scale,
+        "seeds": int(d.size),
+        "paper_value": c.paper_value,
+        "paper_diff": claimed,
+        "ours_mean": ours["mean"],
+        "ours_ci_low": ours["ci_low"],
+        "ours_ci_high": ours["ci_high"],
+        "diff_mean": dm,
+        "diff_ci_low": dlo,
+        "diff_ci_high": dhi,
+        "p_zero": t_test_p(d),
+        "p_paper": t_test_p(d, claimed),
+        "verdict": v,
+        "note": c.note,
+    }
+    if c.premise:
+        row["premise"] = c.premise
+    if v == "inconclusive":
+        row["seeds_to_settle"] = seeds_to_settle(d, claimed)
+    if d.size < 5:
+        row["note"] = (row["note"] + "; " if row["note"] else "") + (
+            f"only {d.size} seed(s): below the evidence standard of 5"
+        )
+    return row
+
+
+def claim_of_row(row: dict[str, Any]) -> Claim:
+    """The :class:`Claim` a ``verdicts.json`` row with ``arms`` was computed from (as far as
+    the row's numbers depend on it)."""
+    labels = row["labels"]
+    return Claim(
+        row["claim"],
+        row["setting"],
+        labels[0],
+        labels[1],
+        row["metric"],
+        row["paper_diff"],
+        row["paper_value"],
+        scale=row["scale"],
+        contrast=tuple(labels[2:4]) if len(labels) == 4 else None,
+        premise=row.get("premise", ""),
+    )
 
 
 # ----------------------------------------------------------------------------- the study
@@ -324,65 +421,49 @@ class Study:
             return f"{s['mean']:.{digits}f}"
         return f"{s['mean']:.{digits}f} [{s['ci_low']:.{digits}f}, {s['ci_high']:.{digits}f}]"
 
-    def verdict_row(self, c: Claim) -> dict[str, Any]:
-        """The ``verdicts.json`` row of a claim (paired over the seeds every method it reads
-        has)."""
-        labels = (c.label, c.baseline, *(c.contrast or ()))
-        values = [self.values(c.setting, label, c.metric) for label in labels]
-        common = sorted(set.intersection(*(set(v) for v in values)))
-        xs, bs, *contrast = (
-            np.asarray([v[s] for s in common], np.float64) * c.scale for v in values
-        )
-        d = xs - bs
-        if contrast:  # ours: the method's own paired gain; the verdict: gain minus gain
-            ours = summary_stat(d)
-            d = d - (contrast[0] - contrast[1])
-        else:
-            ours = self.stat(c.setting, c.label, c.metric, c.scale)
-        if d.size:
-            dm, dlo, dhi = mean_ci(d)
-        else:
-            dm = dlo = dhi = None
-        claimed = c.paper_diff
-        v = "not_evidence" if c.premise else verdict(dlo, dhi, claimed)
-        row = {
-            "paper": self.paper,
-            "claim": c.claim,
-            "profile": self.profile,
-            "size": self.size,
-            "setting": c.setting,
-            # a contrast's row names both differences: "A - B" vs "C - D"
-            "method": " - ".join((c.label, c.baseline)) if c.contrast else c.label,
-            "baseline": " - ".join(c.contrast) if c.contrast else c.baseline,
-            "metric": c.metric,
-            "seeds": int(d.size),
-            "paper_value": c.paper_value,
-            "paper_diff": claimed,
-            "ours_mean": ours["mean"],
-            "ours_ci_low": ours["ci_low"],
-            "ours_ci_high": ours["ci_high"],
-            "diff_mean": dm,
-            "diff_ci_low": dlo,
-            "diff_ci_high": dhi,
-            "p_zero": t_test_p(d),
-            "p_paper": t_test_p(d, claimed),
-            "verdict": v,
-            "note": c.note,
-        }
-        if c.premise:
-            row["premise"] = c.premise
-        if v == "inconclusive":
-            row["seeds_to_settle"] = seeds_to_settle(d, claimed)
-        if d.size < 5:
-            row["note"] = (row["note"] + "; " if row["note"] else "") + (
-                f"only {d.size} seed(s): below the evidence standard of 5"
-            )
-        return row
+    def cell_key(self, setting: str, label: str) -> str:
+        """The per-seed cell (the run folders' path under ``runs/``) of a configuration."""
+        setting, label = self._same.get((setting, label), (setting, label))
+        return f"{_slug(setting)}/{_slug(label)}"
+
+    def per_seed(self, claims: Sequence[Claim]) -> dict[str, dict[str, Any]]:
+        """Every run folder's per-seed values (:func:`per_seed_cells`), with each claim's
+        metric added to the cells it reads (metrics such as ``accuracy@R`` that are not summary
+        keys included)."""
+        cells = per_seed_cells(self.out)
+        for c in claims:
+            for label in (c.label, c.baseline, *(c.contrast or ())):
+                cell = cells.setdefault(
+                    self.cell_key(c.setting, label), {"label": label, "seeds": {}}
+                )
+                for s, v in self.values(c.setting, label, c.metric).items():
+                    cell["seeds"].setdefault(str(s), {})[c.metric] = v
+        return cells
+
+    def verdict_row(self, c: Claim, cells: dict[str, dict[str, Any]] | None = None):
+        """The ``verdicts.json`` row of a claim, computed from the per-seed cells (paired over
+        the seeds every method it reads has)."""
+        cells = self.per_seed([c]) if cells is None else cells
+        arms = [self.cell_key(c.setting, x) for x in (c.label, c.baseline, *(c.contrast or ()))]
+        head = {"paper": self.paper, "claim": c.claim, "profile": self.profile,
+                "size": self.size, "setting": c.setting}  # fmt: skip
+        return claim_row(cells, c, arms, head)
 
     def verdicts(self, claims: Sequence[Claim]) -> list[dict[str, Any]]:
-        rows = [self.verdict_row(c) for c in claims]
+        """Writes ``per_seed.json`` (every cell's values seed by seed), then ``verdicts.json``
+        and ``cells.json`` computed from it; returns the verdict rows."""
+        import fedjax_sel
+
+        cells = self.per_seed(claims)
+        write_json(
+            self.out / "per_seed.json",
+            {"version": PER_SEED_VERSION, "fedjax_sel": fedjax_sel.__version__,
+             "paper": self.paper, "profile": self.profile, "size": self.size,
+             "cells": cells},
+        )  # fmt: skip
+        rows = [self.verdict_row(c, cells) for c in claims]
         write_json(self.out / "verdicts.json", rows)
-        write_json(self.out / "cells.json", summarize_cells(self.out))
+        write_json(self.out / "cells.json", summarize_per_seed(cells))
         return rows
 
 
