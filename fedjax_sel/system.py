@@ -23,7 +23,6 @@ bandwidth_kbps=2200,bandwidth_sigma=0.8``, ``pareto:compute_ms=..,shape=..``, ``
 from __future__ import annotations
 
 import math
-import pickle
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -34,6 +33,7 @@ import numpy as np
 
 from fedjax_sel.base import Array, ConfigError, PRNGKey
 from fedjax_sel.registry import Registry
+from fedjax_sel.safe_pickle import RefusedPickle, load_plain_pickle
 
 AUGMENTATION = 3.0  # FedScale: forward + backward ~ 3 forward passes
 
@@ -193,8 +193,9 @@ def load_device_capacity(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
 
             data = json.loads(path.read_text())
         else:
-            with path.open("rb") as f:
-                data = pickle.load(f)  # noqa: S301 (the user's own trace file)
+            data = load_plain_pickle(path, "device capacity file")
+    except RefusedPickle:
+        raise
     except Exception as e:  # noqa: BLE001
         raise ConfigError(f"device capacity file {str(path)!r} cannot be read: {e}") from None
     if not isinstance(data, dict) or not data:

@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 from pathlib import Path
 
 import numpy as np
 
 from fedjax_sel.base import ConfigError
+from fedjax_sel.safe_pickle import RefusedPickle, load_plain_pickle
 
 
 def load_behaviour_trace(path: str | os.PathLike) -> list[dict]:
@@ -43,8 +43,9 @@ def load_behaviour_trace(path: str | os.PathLike) -> list[dict]:
         if p.suffix.lower() == ".json":
             data = json.loads(p.read_text())
         else:
-            with p.open("rb") as f:
-                data = pickle.load(f)  # noqa: S301 (the user's own trace file)
+            data = load_plain_pickle(p, "behaviour trace")
+    except RefusedPickle:
+        raise
     except Exception as e:  # noqa: BLE001
         raise ConfigError(f"behaviour trace {str(p)!r} cannot be read: {e}") from None
     if not isinstance(data, dict) or not data:
