@@ -212,7 +212,7 @@ def cmd_list(a: argparse.Namespace) -> int:
         "data sets (--dataset; --dataset-arg key=value):",
         DATASETS,
         lambda e: (
-            f"default: {e.info['default_clients']} clients, partition "
+            f"default: {e.info['default_clients'] or 'all'} clients, partition "
             f"{e.info['default_partition']}, model {e.info['default_model']}"
         ),
     )

@@ -72,7 +72,7 @@ def register_dataset(
     name: str,
     *,
     description: str,
-    default_clients: int,
+    default_clients: int | None,
     default_partition: str,
     default_model: str,
     reference: str = "",
@@ -108,7 +108,8 @@ def load_dataset(
 
     Args:
       name: a key of :data:`DATASETS` (``fedjax-sel list`` shows them).
-      num_clients: K (the data set's default when ``None``).
+      num_clients: K (the data set's default when ``None``; for the natural data sets read
+        from files, every client in them).
       partition: ``iid``, ``dirichlet:ALPHA``, ``shards:S`` or ``natural`` for pooled data sets.
       seed: seeds the partition and any generator.
       data_path: local file or folder for real data sets.
@@ -120,14 +121,15 @@ def load_dataset(
       **options: data-set specific options (see :data:`DATASETS` ``options``).
     """
     entry = DATASETS[name]
+    # a default of None: every client the data set's files hold (natural partitions)
     k = entry.info["default_clients"] if num_clients is None else num_clients
-    if isinstance(k, bool) or int(k) != k or k < 1:
+    if k is not None and (isinstance(k, bool) or int(k) != k or k < 1):
         raise ConfigError(f"number of clients must be a positive integer, got {num_clients!r}")
     if not 0.0 <= server_fraction < 1.0:
         raise ConfigError(f"server_fraction must lie in [0, 1), got {server_fraction!r}")
     ds = DATASETS.build(
         name,
-        num_clients=int(k),
+        num_clients=None if k is None else int(k),
         partition=partition or entry.info["default_partition"],
         seed=seed,
         data_path=data_path,
