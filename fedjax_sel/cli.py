@@ -9,7 +9,7 @@
     fedjax-sel sweep FILE.toml --out DIR            # strategies x settings x seeds, compared
     fedjax-sel compare DIR... --baseline NAME --out DIR
     fedjax-sel suite FILE.toml --out DIR            # the selection benchmark: leaderboard
-    fedjax-sel bench throughput|kernels|sweep ...   # JSON + printed table
+    fedjax-sel bench throughput|kernels|sweep|scale|workloads ...   # JSON + printed table
     fedjax-sel reproduce NAME --profile paper|code --size cpu|paper --seeds N --out DIR
 
 ``run``'s flags are generated from :class:`fedjax_sel.config.RunConfig` (one flag per field);
@@ -287,11 +287,23 @@ def cmd_bench(a: argparse.Namespace) -> int:
             max_examples=a.max_examples,
             out=a.out,
         )
+    elif a.what == "workloads":
+        from fedjax_sel.bench.workloads import workloads_main
+
+        if a.clients is not None and len(a.clients) != 1:
+            raise ConfigError("bench workloads takes one --clients (a subset of each workload's)")
+        rows = workloads_main(
+            a.workload,
+            data_dir=a.data_dir,
+            rounds=a.rounds,
+            clients=a.clients[0] if a.clients else None,
+            out=a.out,
+        )
     elif a.what == "sweep":
         rows = bench.sweep_main(
             models=a.model,
             seeds=a.seeds or None,
-            rounds=a.rounds,
+            rounds=a.rounds or 20,
             repeats=a.repeats,
             out=a.out,
         )
@@ -447,7 +459,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("bench", help="throughput, kernel and sweep benchmarks (JSON + table)")
-    p.add_argument("what", choices=("throughput", "kernels", "sweep", "phases", "scale"))
+    p.add_argument(
+        "what", choices=("throughput", "kernels", "sweep", "phases", "scale", "workloads")
+    )
+    p.add_argument(
+        "--workload",
+        action="append",
+        help="workloads: logreg_mnist, cnn_femnist, resnet18_cifar100, lstm_shakespeare "
+        "(default all); --rounds N runs N rounds of each (default: the workload's own)",
+    )
+    p.add_argument("--data-dir", default=None, help="workloads: folder of the real data files")
     p.add_argument(
         "--strategy", action="append", help="scale: strategies (default: the million-client set)"
     )
@@ -494,7 +515,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kernel", action="append", help="kernels: names (default all)")
     p.add_argument("--clients", type=int, action="append", help="kernels/scale: K values")
     p.add_argument("--seeds", type=int, action="append", help="sweep: seeds together (1 4 16)")
-    p.add_argument("--rounds", type=int, default=20, help="sweep: rounds per run")
+    p.add_argument("--rounds", type=int, default=None, help="sweep (default 20), workloads")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--out", default=None, help="JSON output file")
     p.set_defaults(func=cmd_bench)

@@ -1,0 +1,288 @@
+"""``fedjax-sel bench workloads``: the canonical cross-device workloads, each as FLUTE's table
+gives its recipe (FedAvg, one local epoch, SGD, 10 clients per round), timed in our engine.
+
+Each workload runs on its real federated files when they are found (``--data-dir`` or
+``$FEDJAX_SEL_DATA_DIR``), else on generated stand-in data of the same shapes, classes and
+client-size distribution (random features and labels: its accuracy means nothing and is not
+reported). It runs ``rounds_run`` rounds (the whole schedule where that is cheap) and projects
+the recipe's schedule from the steady seconds per round: ``projected_total_s = compile_s +
+rounds * seconds_per_round`` (training only; the evaluations are not counted). Every workload
+runs in a fresh process, so its peak memory is its own.
+
+The published figures beside ours (``PUBLISHED``) come from other hardware: references to
+cite, never ratios.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedjax_sel.base import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """One recipe: the model, clients, batch, learning rate and rounds of the published table,
+    the real data sets to try (in order) and the stand-in's shapes and client sizes."""
+
+    name: str
+    task: str
+    model: str
+    clients: int
+    batch: int
+    lr: float
+    rounds: int
+    real: tuple[tuple[str, dict[str, Any]], ...]
+    input_shape: tuple[int, ...]
+    num_classes: int
+    tokens: bool = False
+    size_mean: float = 100.0
+    size_sigma: float = 0.0  # log-normal spread of client sizes; 0: every client size_mean
+    rounds_run: int = 3
+    per_round: int = 10
+    published: str = ""
+
+
+WORKLOADS = {
+    w.name: w
+    for w in (
+        Workload(
+            "logreg_mnist",
+            "logistic regression, MNIST",
+            "logreg",
+            1000,
+            10,
+            0.03,
+            100,
+            real=(("mnist", {"partition": "iid"}),),
+            input_shape=(28, 28, 1),
+            num_classes=10,
+            size_mean=60.0,
+            rounds_run=100,
+            published="FLUTE 1m35s (GPU) / 3m20s (CPU), about 81%; Flower 1.0 30m14s (CPU)",
+        ),
+        Workload(
+            "cnn_femnist",
+            "CNN (2 conv + 2 dense), Federated EMNIST",
+            "cnn",
+            3400,
+            20,
+            0.1,
+            1500,
+            real=(("femnist", {}), ("emnist_writers", {})),
+            input_shape=(28, 28, 1),
+            num_classes=62,
+            size_mean=198.0,
+            size_sigma=0.5,
+            rounds_run=4,
+            published="FLUTE 8m22s, about 83%; FedML 5h50m",
+        ),
+        Workload(
+            "resnet18_cifar100",
+            "ResNet-18 with GroupNorm, CIFAR-100 (Pachinko)",
+            "resnet18",
+            500,
+            20,
+            0.1,
+            4000,
+            real=(("cifar100_tff", {}),),
+            input_shape=(32, 32, 3),
+            num_classes=100,
+            size_mean=100.0,
+            rounds_run=2,
+            published="FLUTE 1h42m, about 33%",
+        ),
+        Workload(
+            "lstm_shakespeare",
+            "RNN (2 LSTM + dense), Shakespeare",
+            "lstm",
+            715,
+            4,
+            0.8,
+            1200,
+            real=(("shakespeare_tff", {}), ("shakespeare_leaf", {})),
+            input_shape=(80,),
+            num_classes=80,
+            tokens=True,
+            size_mean=3743.0,
+            size_sigma=1.15,
+            rounds_run=2,
+            published="FLUTE 21m50s, about 57%",
+        ),
+    )  # fmt: skip
+}
+
+
+def standin(w: Workload, seed: int = 0, clients: int | None = None):
+    """Generated data of ``w``'s shapes and client sizes (log-normal around ``size_mean``,
+    LEAF's published per-client statistics), 20% of each client held out as its test split."""
+    from fedjax_sel.data.dataset_natural import assemble_natural
+    from fedjax_sel.data.federated_files import ClientExamples
+
+    rng = np.random.default_rng(seed)
+    k = clients or w.clients
+    if w.size_sigma > 0:  # the mean of exp(N(mu, s^2)) is exp(mu + s^2 / 2)
+        mu = np.log(w.size_mean) - w.size_sigma**2 / 2
+        sizes = np.maximum(np.rint(rng.lognormal(mu, w.size_sigma, k)), 2).astype(int)
+    else:
+        sizes = np.full(k, int(w.size_mean))
+    train, test = {}, {}
+    for i, n in enumerate(sizes):
+        shape = (int(n), *w.input_shape)
+        high = w.num_classes if w.tokens else 256
+        x = rng.integers(0, high, shape, dtype=np.uint8)
+        y = rng.integers(0, w.num_classes, int(n)).astype(np.int32)
+        n_test = max(1, int(round(0.2 * n)))
+        train[str(i)] = ClientExamples(x[n_test:], y[n_test:])
+        test[str(i)] = ClientExamples(x[:n_test], y[:n_test])
+    ds = assemble_natural(
+        f"{w.name}_standin", [str(i) for i in range(k)], train, test, layout="auto",
+        num_classes=w.num_classes, default_model=w.model,
+        info={"source": "generated stand-in", "size_mean": w.size_mean,
+              "size_sigma": w.size_sigma},
+        x_scale=None if w.tokens else 1.0 / 255.0,
+    )  # fmt: skip
+    return ds
+
+
+def _real(w: Workload, data_dir: str | None, clients: int | None):
+    from fedjax_sel.data import load_dataset
+
+    for name, options in w.real:
+        try:
+            n = clients or (w.clients if name == "mnist" else None)
+            return name, load_dataset(name, num_clients=n, data_path=data_dir, **options)
+        except ConfigError:
+            continue
+    return None, None
+
+
+def run_one(name: str, *, data_dir: str | None, rounds: int | None, clients: int | None) -> dict:
+    """Times workload ``name`` in this process and returns its row."""
+    from fedjax_sel.bench.common import machine_info
+    from fedjax_sel.config import RunConfig
+    from fedjax_sel.experiment import run_experiment
+
+    w = WORKLOADS[name]
+    real_name, ds = _real(w, data_dir, clients)
+    data = "real" if ds is not None else "standin"
+    if ds is None:
+        ds = standin(w, clients=clients)
+    run_rounds = rounds or w.rounds_run
+    config = RunConfig(
+        strategy="uniform", dataset=real_name or "digits", model=w.model,
+        num_clients=ds.num_clients, per_round=min(w.per_round, ds.num_clients),
+        rounds=run_rounds, local_epochs=1, batch_size=w.batch, lr=w.lr,
+        eval_every=max(1, run_rounds // 10) if run_rounds > 1 else 1, seed=0,
+    )  # fmt: skip
+    result = run_experiment(config, None, progress=False, dataset=ds, echo=lambda *_: None)
+    s = result.summary
+    spr = 1.0 / s["rounds_per_second"] if s.get("rounds_per_second") else None
+    first_rounds = config.eval_every
+    compile_s = None
+    if spr is not None and s.get("first_chunk_seconds") is not None:
+        compile_s = max(0.0, s["first_chunk_seconds"] - first_rounds * spr)
+    return {
+        "workload": w.name,
+        "task": w.task,
+        "data": data,
+        "dataset": real_name or "standin",
+        "model": w.model,
+        "clients": ds.num_clients,
+        "per_round": config.per_round,
+        "batch": w.batch,
+        "lr": w.lr,
+        "rounds": w.rounds,
+        "rounds_run": run_rounds,
+        "compile_s": compile_s,
+        "seconds_per_round": spr,
+        "projected_total_s": None if spr is None else (compile_s or 0.0) + w.rounds * spr,
+        "projected": run_rounds < w.rounds,
+        "peak_memory_bytes": s.get("peak_host_memory_bytes"),
+        "accuracy": s.get("final_accuracy") if data == "real" else None,
+        "published": w.published,
+        "dataset_info": {k: v for k, v in ds.info.items() if k != "clients"},
+        "machine": machine_info(),
+    }
+
+
+def workloads_main(
+    names: list[str] | None = None,
+    *,
+    data_dir: str | None = None,
+    rounds: int | None = None,
+    clients: int | None = None,
+    out: str | Path | None = None,
+) -> list[dict]:
+    """Every workload (or ``names``) in a fresh process each; prints the table and writes
+    ``out`` (JSON) when given."""
+    names = names or list(WORKLOADS)
+    unknown = [n for n in names if n not in WORKLOADS]
+    if unknown:
+        raise ConfigError(f"unknown workload(s) {unknown}; choose from {list(WORKLOADS)}")
+    rows = []
+    for name in names:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "row.json"
+            argv = [sys.executable, "-m", "fedjax_sel.bench.workloads", name, str(path)]
+            for flag, value in (("--data-dir", data_dir), ("--rounds", rounds),
+                                ("--clients", clients)):  # fmt: skip
+                if value is not None:
+                    argv += [flag, str(value)]
+            done = subprocess.run(argv, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise RuntimeError(f"workload {name} failed:\n{done.stderr[-3000:]}")
+            rows.append(json.loads(path.read_text()))
+        print(table(rows[-1:]), flush=True)
+    if out is not None:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(rows, indent=2) + "\n")
+    print(table(rows))
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    def f(v, spec):
+        return "-" if v is None else format(v, spec)
+
+    lines = [
+        "| workload | data | clients | per round | batch | rounds run | compile s | s/round | "
+        "projected total | peak GiB | accuracy |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        total = f(r["projected_total_s"], ",.0f") + (" (projected)" if r["projected"] else "")
+        lines.append(
+            f"| {r['workload']} | {r['data']} | {r['clients']:,} | {r['per_round']} | "
+            f"{r['batch']} | {r['rounds_run']} of {r['rounds']:,} | {f(r['compile_s'], '.1f')} | "
+            f"{f(r['seconds_per_round'], '.3f')} | {total} s | "
+            f"{f(r['peak_memory_bytes'] and r['peak_memory_bytes'] / 2**30, '.2f')} | "
+            f"{f(r['accuracy'], '.4f')} |"
+        )
+    return "\n".join(lines)
+
+
+def _child(argv: list[str]) -> None:
+    import argparse
+
+    p = argparse.ArgumentParser()
+    p.add_argument("name")
+    p.add_argument("out")
+    p.add_argument("--data-dir")
+    p.add_argument("--rounds", type=int)
+    p.add_argument("--clients", type=int)
+    a = p.parse_args(argv)
+    row = run_one(a.name, data_dir=a.data_dir, rounds=a.rounds, clients=a.clients)
+    Path(a.out).write_text(json.dumps(row))
+
+
+if __name__ == "__main__":
+    _child(sys.argv[1:])
