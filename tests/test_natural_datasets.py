@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import h5py  # the federated extra, also in the test extra
 import numpy as np
 import pytest
 
@@ -14,8 +15,6 @@ from fedjax_sel.base import ConfigError
 from fedjax_sel.cli import main
 from fedjax_sel.data import load_dataset
 from fedjax_sel.data import shakespeare as sp
-
-h5py = pytest.importorskip("h5py", reason="TFF's HDF5 files need h5py (the federated extra)")
 
 WRITERS = {"f0003_12": (7, 3), "f0001_40": (12, 4), "f0002_08": (2, 1)}  # train, test sizes
 

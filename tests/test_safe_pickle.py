@@ -9,6 +9,7 @@ import pickle
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from fedjax_sel.availability.fedscale_trace import load_behaviour_trace
@@ -67,7 +68,6 @@ def test_a_pickle_naming_a_callable_is_refused_and_runs_nothing(tmp_path, payloa
 
 
 def test_classes_and_arrays_are_refused_too(tmp_path):
-    np = pytest.importorskip("numpy")
     path = tmp_path / "array.pkl"
     path.write_bytes(pickle.dumps({"a": np.arange(3)}))
     with pytest.raises(RefusedPickle, match="numpy"):

@@ -88,6 +88,16 @@ def bootstrap_ci(
     return float(lo), float(hi)
 
 
+def p_from_t(gap: float, se: float, df: int) -> float:
+    """Two-sided t-test p-value of a mean ``gap`` away from the hypothesis, standard error
+    ``se`` (``se = 0``: 1 when the gap is 0, else 0)."""
+    if se == 0:
+        return 1.0 if gap == 0 else 0.0
+    from scipy import stats
+
+    return float(2 * stats.t.sf(abs(gap / se), df))
+
+
 def holm(p_values: Sequence[float]) -> list[float]:
     """Holm's step-down adjustment: the i-th smallest of m p-values becomes
     ``max_{j <= i} min(1, (m - j + 1) p_(j))``; returned in the input order."""
@@ -116,14 +126,7 @@ def paired_stats(
     boot_lo, boot_hi = bootstrap_ci(d, level)
     p = None
     if d.size >= 2:
-        sd = float(np.std(d, ddof=1))
-        if sd > 0:
-            from scipy import stats
-
-            t = mean / (sd / math.sqrt(d.size))
-            p = float(2 * stats.t.sf(abs(t), d.size - 1))
-        else:
-            p = 1.0 if mean == 0 else 0.0
+        p = p_from_t(mean, float(np.std(d, ddof=1)) / math.sqrt(d.size), d.size - 1)
     signed = d if higher_is_better else -d
     wins = float(np.mean(np.where(signed > 0, 1.0, np.where(signed == 0, 0.5, 0.0))))
     return {

@@ -39,7 +39,7 @@ import numpy as np
 
 from fedjax_sel.base import ConfigError
 from fedjax_sel.config import RunConfig
-from fedjax_sel.experiment.compare import Run, mean_ci, metric_value, t_critical
+from fedjax_sel.experiment.compare import Run, mean_ci, metric_value, p_from_t, t_critical
 from fedjax_sel.experiment.loop import RunResult
 from fedjax_sel.experiment.outputs import write_json
 from fedjax_sel.experiment.sweep import Cell, _slug, run_cells
@@ -112,15 +112,6 @@ def t_test_p(d: Sequence[float], against: float = 0.0) -> float | None:
         return None
     sd = float(a.std(ddof=1))
     return p_from_t(float(a.mean()) - against, sd / math.sqrt(a.size), a.size - 1)
-
-
-def p_from_t(gap: float, se: float, df: int) -> float:
-    """Two-sided p-value of a mean ``gap`` away from the hypothesis, standard error ``se``."""
-    if se == 0:
-        return 1.0 if gap == 0 else 0.0
-    from scipy import stats
-
-    return float(2 * stats.t.sf(abs(gap / se), df))
 
 
 def p_values_from_ci(mean: float, lo: float, hi: float, seeds: int, claimed: float):
@@ -249,11 +240,6 @@ def summarize_per_seed(cells: dict[str, dict[str, Any]]) -> dict[str, Any]:
                 row[metric] = {"mean": m, "ci_low": lo, "ci_high": hi}
         out[key] = row
     return out
-
-
-def summarize_cells(out: str | Path) -> dict[str, Any]:
-    """``cells.json`` of the run folders under ``out/runs`` (:func:`summarize_per_seed`)."""
-    return summarize_per_seed(per_seed_cells(out))
 
 
 def cell_values(cells: dict[str, dict[str, Any]], arm: str, metric: str) -> dict[int, float]:
@@ -440,10 +426,9 @@ class Study:
                     cell["seeds"].setdefault(str(s), {})[c.metric] = v
         return cells
 
-    def verdict_row(self, c: Claim, cells: dict[str, dict[str, Any]] | None = None):
-        """The ``verdicts.json`` row of a claim, computed from the per-seed cells (paired over
-        the seeds every method it reads has)."""
-        cells = self.per_seed([c]) if cells is None else cells
+    def verdict_row(self, c: Claim, cells: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        """The ``verdicts.json`` row of a claim, computed from the per-seed cells
+        (:meth:`per_seed`; paired over the seeds every method it reads has)."""
         arms = [self.cell_key(c.setting, x) for x in (c.label, c.baseline, *(c.contrast or ()))]
         head = {"paper": self.paper, "claim": c.claim, "profile": self.profile,
                 "size": self.size, "setting": c.setting}  # fmt: skip
