@@ -48,7 +48,20 @@ def test_conv_models_also_time_the_convolution(monkeypatch):
     model = make_model("cnn", input_shape=(12, 12, 1), num_classes=5)
     names = {f"{m}/{c}" for m, c in candidates(model, 8, "cpu")}
     assert {"map/patches", "map/xla", "vmap/patches", "vmap/xla"} <= names
-    assert candidates(model, 8, "cpu")[0] == ("map", "patches")  # the rule first
+    # the rule first, then the rule's mode with the other convolution: a budget spent on the
+    # first never skips XLA's convolution inside lax.map
+    assert candidates(model, 8, "cpu")[:2] == [("map", "patches"), ("map", "xla")]
+
+
+def test_slow_rounds_are_measured_on_fewer_clients_and_never_skip_two(autotune_on):
+    ds = load_dataset("digits", num_clients=30, partition="iid", seed=0)
+    model = make_model("logreg", input_shape=ds.input_shape, num_classes=10)
+    cfg = LocalConfig(batch_size=8, lr=0.1, local_steps=2)
+    # a budget no call fits in: 16 of the 24 clients, and still the first two candidates
+    tight = choose_parallel(model, cfg, ds.train, 24, budget_s=1e-6, use_cache=False)
+    assert tight.measured_clients == 16 and len(tight.timings) == 2
+    roomy = choose_parallel(model, cfg, ds.train, 24, budget_s=60.0, use_cache=False)
+    assert roomy.measured_clients == 24 and len(roomy.timings) == len(candidates(model, 24, "cpu"))
 
 
 def test_executed_steps_against_a_count():

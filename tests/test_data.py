@@ -173,6 +173,26 @@ def test_leaf_synthetic_labels_are_more_heterogeneous_than_iid():
     assert spread(False) > 1.5 * spread(True)
 
 
+def test_leaf_synthetic_personal_scale_plants_one_shared_model():
+    """``personal_scale``: every client's model is the shared ``W, b`` (the generator's own
+    draws, recomputed here) plus scaled personal noise. At 0 the shared model labels every row;
+    at 0.5 most rows; the plain recipe (no shared model) about one in ten, chance."""
+    key = jax.random.key(5)
+    ks = jax.random.split(key, 9)
+    w = np.asarray(jax.random.normal(ks[3], (60, 10)))
+    b = np.asarray(jax.random.normal(ks[4], (10,)))
+
+    def agreement(scale):
+        x, y, _ = leaf_synthetic(key, 200, personal_scale=scale, max_examples=30)
+        return np.mean(np.argmax(x @ w + b, axis=1) == y)
+
+    assert agreement(0.0) == 1.0
+    assert 0.5 < agreement(0.5) < 0.95
+    assert agreement(None) < 0.25
+    with pytest.raises(ConfigError, match="personal_scale"):
+        leaf_synthetic(key, 5, personal_scale=-1.0)
+
+
 def test_clustered_regression_is_linear_in_its_cluster():
     x, y, client, cluster = clustered_regression(
         jax.random.key(0), 20, 1, dim=1, intercept=True, theta_std_range=(0.0, 0.0)

@@ -247,6 +247,50 @@ def test_kmeans_relocates_an_empty_cluster():
     assert sorted(np.bincount(np.asarray(res.labels), minlength=3)) == [1, 2, 2]
 
 
+def test_kmeans_fitted_on_a_sample_stays_close_to_the_full_fit():
+    # 12 planted clusters of unequal size in 12-D (3,000 points); fitting on 20 points per
+    # cluster, then one Lloyd step on every point: separated clusters (centers 3 sigma apart
+    # per coordinate) come out exactly as the full fit's; overlapping ones (2 sigma) within 2%
+    # of its inertia and 0.02 of its ARI against the truth
+    rng = np.random.default_rng(11)
+    sizes = rng.multinomial(3000 - 12 * 40, np.full(12, 1 / 12)) + 40
+    truth = np.repeat(np.arange(12), sizes)
+    noise = rng.normal(size=(3000, 12))
+    directions = rng.normal(size=(12, 12))
+    for separation, inertia_bound, ari_gap in ((3.0, 1.0 + 1e-5, 0.0), (2.0, 1.02, 0.02)):
+        x = (separation * directions[truth] + noise).astype(np.float32)
+        full = kmeans(jax.random.key(0), jnp.asarray(x), 12, n_init=4)
+        sampled = kmeans(jax.random.key(0), jnp.asarray(x), 12, n_init=4, sample=240)
+        labels = np.asarray(sampled.labels)
+        centers = np.asarray(sampled.centers)
+        # every point sits at its nearest center, each center is its members' mean, and the
+        # inertia is over all 3,000 points (NumPy)
+        d2 = ((x[:, None, :] - centers[None]) ** 2).sum(-1)
+        np.testing.assert_array_equal(labels, d2.argmin(1))
+        assert float(sampled.inertia) == pytest.approx(d2.min(1).sum(), rel=1e-4)
+        assert float(sampled.inertia) <= inertia_bound * float(full.inertia)
+        full_ari = ari_numpy(np.asarray(full.labels), truth)
+        assert ari_numpy(labels, truth) >= full_ari - ari_gap - 1e-6
+    np.testing.assert_allclose(
+        centers[labels[0]], x[labels == labels[0]].mean(0), rtol=1e-4, atol=1e-5
+    )
+    with pytest.raises(ConfigError, match="sample"):
+        kmeans(jax.random.key(0), jnp.asarray(x), 12, sample=5)
+
+
+def test_coalition_config_samples_kmeans_only_on_the_landmark_path_by_default():
+    auto = CoalitionConfig()
+    assert auto.kmeans_rows(1_000, 10) == 0  # exact path: every client
+    assert auto.kmeans_rows(100_000, 10) == 200  # landmark path: 20 per coalition
+    assert auto.kmeans_rows(150, 10) == 0  # a sample larger than K is every client
+    assert CoalitionConfig(kmeans_sample=0).kmeans_rows(10**6, 10) == 0
+    assert CoalitionConfig(kmeans_sample=500).kmeans_rows(1_000, 10) == 500
+    with pytest.raises(ConfigError, match="kmeans_sample=5"):
+        CoalitionConfig(kmeans_sample=5).kmeans_rows(1_000, 10)
+    with pytest.raises(ConfigError, match="kmeans_sample"):
+        CoalitionConfig(kmeans_sample=-2).validate()
+
+
 def test_adjusted_rand_index_matches_pair_counting():
     rng = np.random.default_rng(7)
     for _ in range(5):

@@ -390,6 +390,19 @@ def test_persistent_client_state_is_stored_and_restored_by_client_id():
     assert len({c for c in range(4) if np.any(moms[c][0])}) >= 3  # several clients carried state
 
 
+def _logreg_numpy(model):
+    """The model's parameters and NumPy's per-row cross-entropy and argmax under them."""
+    params = _params(model)
+    w, b = np.asarray(params["Dense_0"]["kernel"]), np.asarray(params["Dense_0"]["bias"])
+
+    def rows(x, y):
+        z = x @ w + b
+        z = z - z.max(1, keepdims=True)
+        return np.log(np.exp(z).sum(1)) - z[np.arange(len(y)), y], z.argmax(1)
+
+    return params, rows
+
+
 def test_client_losses_in_size_groups_match_numpy():
     """Whole-data losses of 13 listed clients (sorted into groups of 4 by size, some ids
     repeated) in the order given, against the mean cross-entropy written out in NumPy."""
@@ -398,17 +411,68 @@ def test_client_losses_in_size_groups_match_numpy():
     sizes = [3, 40, 7, 1, 25, 9, 60, 2, 11]
     xs, ys = _clients(sizes)
     model = make_model("logreg", input_shape=(D,), num_classes=C)
-    params = _params(model)
-    w, b = np.asarray(params["Dense_0"]["kernel"]), np.asarray(params["Dense_0"]["bias"])
+    params, numpy_rows = _logreg_numpy(model)
     listed = np.array([6, 0, 3, 1, 8, 2, 6, 4, 5, 7, 1, 0, 3])
     for layout in ("padded", "flat"):
         data = from_client_arrays(xs, ys, layout=layout)
         got = client_losses(model, params, data, jnp.asarray(listed), batch_size=8, group=4)
         for i, c in enumerate(listed):
-            z = xs[c] @ w + b
-            z = z - z.max(1, keepdims=True)
-            ref = np.mean(np.log(np.exp(z).sum(1)) - z[np.arange(len(ys[c])), ys[c]])
+            ref = np.mean(numpy_rows(xs[c], ys[c])[0])
             np.testing.assert_allclose(got[i], ref, rtol=2e-5, err_msg=f"{layout} slot {i}")
+
+
+def test_client_batch_losses_in_chunks_match_numpy():
+    """One random minibatch loss per client (CA-Fed's signal): computed 4 clients at a time
+    (the chunked path of 10^5-10^6 clients, 13 clients padded to 16) it equals the one-chunk
+    result, and each equals NumPy's mean cross-entropy on the rows the draw names (the whole
+    data of a client smaller than the batch)."""
+    from fedjax_sel.training.evaluate import client_batch_losses
+
+    sizes = [3, 40, 7, 1, 25, 9, 60, 2, 11]
+    xs, ys = _clients(sizes)
+    model = make_model("logreg", input_shape=(D,), num_classes=C)
+    params, numpy_rows = _logreg_numpy(model)
+    listed = jnp.asarray([6, 0, 3, 1, 8, 2, 6, 4, 5, 7, 1, 0, 3])
+    key = jax.random.key(4)
+    data = from_client_arrays(xs, ys, layout="padded")
+    whole = np.asarray(client_batch_losses(model, params, data, listed, key, 8))
+    chunked = np.asarray(client_batch_losses(model, params, data, listed, key, 8, chunk=4))
+    np.testing.assert_array_equal(chunked, whole)
+    for i, c in enumerate(np.asarray(listed)):
+        n = sizes[c]
+        if n <= 8:
+            rows = np.arange(n)
+        else:
+            rows = np.asarray(jax.random.randint(jax.random.fold_in(key, int(c)), (8,), 0, n))
+        ref = np.mean(numpy_rows(xs[c][rows], ys[c][rows])[0])
+        np.testing.assert_allclose(whole[i], ref, rtol=2e-5, err_msg=f"slot {i}")
+
+
+def test_segment_sums_in_any_batch_size_match_numpy():
+    """Per-segment loss, correct and count sums over 997 rows (some invalid) in batches that
+    divide the rows or not (the last batch slices back over counted rows, which must not count
+    twice), against NumPy."""
+    from fedjax_sel.training.evaluate import segment_sums
+
+    rng = np.random.default_rng(8)
+    n = 997
+    x = rng.normal(size=(n, D)).astype(np.float32)
+    y = rng.integers(0, C, n).astype(np.int32)
+    seg = rng.integers(0, 13, n).astype(np.int32)
+    valid = rng.uniform(size=n) < 0.9
+    model = make_model("logreg", input_shape=(D,), num_classes=C)
+    params, numpy_rows = _logreg_numpy(model)
+    row_loss, predicted = numpy_rows(x, y)
+    row_correct = (predicted == y).astype(np.float64)
+    want = [
+        np.bincount(seg, weights=v * valid, minlength=13)
+        for v in (row_loss, row_correct, np.ones(n))
+    ]
+    args = (jnp.asarray(x), jnp.asarray(y), jnp.asarray(seg), jnp.asarray(valid), 13)
+    for batch in (7, 100, 997, 1024):
+        got = segment_sums(model, params, *args, batch_size=batch)
+        for g, ref, name in zip(got, want, ("loss", "correct", "count"), strict=True):
+            np.testing.assert_allclose(np.asarray(g), ref, rtol=2e-5, atol=1e-4, err_msg=name)
 
 
 def test_radix_argsort_matches_a_stable_argsort_with_ties():

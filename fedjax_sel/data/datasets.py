@@ -309,6 +309,7 @@ def _leaf_synthetic(
     num_classes: int = 10,
     max_examples: int | None = None,
     examples_per_client: int | None = None,
+    personal_scale: float | None = None,
 ):
     _no_data_path("leaf_synthetic", data_path)
     if partition != "natural":
@@ -324,6 +325,7 @@ def _leaf_synthetic(
         iid=bool(iid),
         max_examples=None if max_examples is None else int(max_examples),
         examples_per_client=None if examples_per_client is None else int(examples_per_client),
+        personal_scale=None if personal_scale is None else float(personal_scale),
     )
     parts = partition_by_client(client, num_clients)
     return _assemble(
@@ -337,7 +339,8 @@ def _leaf_synthetic(
         task="classification",
         num_classes=int(num_classes),
         default_model="logreg",
-        info={"source": "generated", "alpha": alpha, "beta": beta, "iid": bool(iid)},
+        info={"source": "generated", "alpha": alpha, "beta": beta, "iid": bool(iid)}
+        | ({} if personal_scale is None else {"personal_scale": float(personal_scale)}),
     )
 
 

@@ -40,6 +40,10 @@ SCALINGS = ("degree", "row", "none")
 METHODS = ("auto", "exact", "landmark")
 EIGH_MAX = 512  # auto: dense eigh up to this many clients, block Krylov above
 EXACT_MAX = 10_000  # auto: the exact K x K path up to this many clients, landmarks above
+# auto on the landmark path: k-means fitted on 20 sampled clients per coalition, then every
+# client assigned and one Lloyd step on all (K = 20,000, P = 100 planted clusters in 100-D:
+# inertia +5.6% over the full fit, ARI 0.94 against the truth where the full fit reaches 0.97)
+KMEANS_SAMPLE_PER_CLUSTER = 20
 
 
 def normalized_adjacency(affinity: Array, clip_negative: bool = True) -> tuple[Array, Array]:
@@ -321,6 +325,9 @@ class CoalitionConfig(NamedTuple):
       scaling: embedding row scaling (:data:`SCALINGS`).
       solver: eigensolver of the exact path (:data:`SOLVERS`).
       n_init, max_iter: k-means seedings and iteration budget.
+      kmeans_sample: rows the k-means centers are fitted on before every row is assigned
+        (:func:`fedjax_sel.kernels.kmeans.kmeans`): ``0`` every row, ``-1`` (auto) every row on
+        the exact path and :data:`KMEANS_SAMPLE_PER_CLUSTER` per cluster on the landmark path.
       krylov_steps: block Krylov steps of the exact path's iterative eigensolver.
     """
 
@@ -333,6 +340,7 @@ class CoalitionConfig(NamedTuple):
     solver: str = "auto"
     n_init: int = 10
     max_iter: int = 300
+    kmeans_sample: int = -1
     krylov_steps: int = 6
 
     def validate(self) -> CoalitionConfig:
@@ -351,12 +359,30 @@ class CoalitionConfig(NamedTuple):
             raise ConfigError(
                 f"k-means needs n_init >= 1 and max_iter >= 1, got {self.n_init}, {self.max_iter}"
             )
+        if self.kmeans_sample < -1:
+            raise ConfigError(
+                f"kmeans_sample must be -1 (auto), 0 (every client) or >= the number of "
+                f"coalitions, got {self.kmeans_sample}"
+            )
         return self
 
     def uses_landmarks(self, num_clients: int) -> bool:
         if self.method == "auto":
             return num_clients > EXACT_MAX
         return self.method == "landmark"
+
+    def kmeans_rows(self, num_clients: int, num_clusters: int) -> int:
+        """The ``sample`` k-means gets: 0 (every row) or a row count below ``num_clients``."""
+        sample = self.kmeans_sample
+        if sample == -1:
+            if not self.uses_landmarks(num_clients):
+                return 0
+            sample = KMEANS_SAMPLE_PER_CLUSTER * num_clusters
+        if sample != 0 and sample < num_clusters:
+            raise ConfigError(
+                f"kmeans_sample={sample} is below the number of coalitions ({num_clusters})"
+            )
+        return 0 if sample >= num_clients else sample
 
 
 DEFAULT_COALITIONS = CoalitionConfig()
@@ -407,5 +433,10 @@ def spectral_clustering(
     k_embed, k_means = jax.random.split(key)
     emb = coalition_embedding(x, num_clusters, k_embed, config)
     return kmeans(
-        k_means, emb.points, num_clusters, n_init=config.n_init, max_iter=config.max_iter
+        k_means,
+        emb.points,
+        num_clusters,
+        n_init=config.n_init,
+        max_iter=config.max_iter,
+        sample=config.kmeans_rows(x.shape[0], num_clusters),
     ).labels

@@ -279,6 +279,7 @@ def fedcvr_bolt(
     scaling: str = "degree",
     kmeans_init: int = 10,
     kmeans_iters: int = 300,
+    kmeans_sample: int = -1,
     sketch: str = "last_layer",
     sketch_dim: int = 0,
     init_cov: float = 1.0,
@@ -301,6 +302,9 @@ def fedcvr_bolt(
       landmarks: m, landmark clients of the Nystrom path.
       scaling: spectral embedding row scaling, ``degree`` (scikit-learn), ``row`` or ``none``.
       kmeans_init, kmeans_iters: k-means++ seedings and Lloyd budget (10 and 300).
+      kmeans_sample: fit k-means on this many sampled clients and assign every client to the
+        nearest center (an approximation for 10^5-10^6 clients); 0 fits on every client; -1
+        (auto): every client on the exact path, 20 per coalition on the landmark path.
       sketch: coordinates tracked per client: ``last_layer`` (appendix C.2) or ``all``.
       sketch_dim: keep a fixed random subset of that many sketch coordinates (300 for CIFAR in
         the paper); 0 keeps them all.
@@ -318,6 +322,11 @@ def fedcvr_bolt(
         raise ConfigError(f"fedcvr_bolt warmup must be an integer >= 0, got {warmup}")
     if not init_cov > 0:
         raise ConfigError(f"fedcvr_bolt init_cov must be > 0, got {init_cov}")
+    if kmeans_sample not in (-1, 0) and not kmeans_sample >= per_round:
+        raise ConfigError(
+            f"fedcvr_bolt kmeans_sample must be -1 (auto), 0 (every client) or >= per_round "
+            f"({per_round}), got {kmeans_sample}"
+        )
     check_sketch(sketch, sketch_dim)
     check_weighting(weighting)
     config = CoalitionConfig(
@@ -329,6 +338,7 @@ def fedcvr_bolt(
         scaling=scaling,
         n_init=int(kmeans_init),
         max_iter=int(kmeans_iters),
+        kmeans_sample=int(kmeans_sample),
     ).validate()
 
     def init(key, spec: SimSpec) -> FedCVRState:

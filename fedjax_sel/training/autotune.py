@@ -38,7 +38,7 @@ from fedjax_sel.training.local import (
     make_trainer,
 )
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: candidates in a new order, measured on fewer clients when slow
 DEFAULT_BUDGET_S = 30.0
 
 
@@ -53,6 +53,9 @@ class ParallelChoice:
       timings: candidate -> median seconds of one call of the round's local training.
       padded_step_fraction: candidate -> share of executed SGD steps that are padding for the
         measured selection (epoch mode; 0 for fixed steps).
+      measured_clients: clients in the measured selection: the round's ``per_round``, or fewer
+        when one call of the first candidate would spend the budget (a model whose clients
+        each fill the machine, where the per-client cost is what the candidates differ in).
     """
 
     parallel: str
@@ -60,6 +63,7 @@ class ParallelChoice:
     source: str
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
     padded_step_fraction: dict[str, float] = dataclasses.field(default_factory=dict)
+    measured_clients: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -77,7 +81,10 @@ def cache_path() -> Path:
 
 
 def candidates(model: Model, per_round: int, backend: str) -> list[tuple[str, str | None]]:
-    """(mode, conv impl) pairs to time; the rule's choice first."""
+    """(mode, conv impl) pairs to time, the plausible winners first: the rule's choice, the
+    rule's mode with the other convolution implementations (on the CPU a convolution model's
+    winner is one client after another, with whichever convolution is faster), then the other
+    modes."""
     rule = auto_parallel(model, backend)
     rule_spec = rule[0] if rule[1] is None else f"{rule[0]}:{rule[1]}"
     modes = [rule_spec] + [m for m in ("vmap", "map") if m != rule_spec]
@@ -87,7 +94,7 @@ def candidates(model: Model, per_round: int, backend: str) -> list[tuple[str, st
         if model.conv_impl is None
         else [model.conv_impl] + [c for c in ("patches", "xla") if c != model.conv_impl]
     )
-    return [(m, c) for c in convs for m in modes]
+    return [(rule_spec, c) for c in convs] + [(m, c) for m in modes[1:] for c in convs]
 
 
 def shape_key(
@@ -160,8 +167,9 @@ def choose_parallel(
     use_cache: bool = True,
 ) -> ParallelChoice:
     """The fastest (mode, conv impl) for this round shape: from the cache, by measuring the
-    candidates (each compiled, then its median of 3 calls) until ``budget_s`` seconds are
-    spent, or by the rule when measuring is off."""
+    candidates (each compiled, then its median of 3 calls; the plausible winners first, and
+    on fewer clients when one call is long) until ``budget_s`` seconds are spent, or by the
+    rule when measuring is off."""
     backend = jax.default_backend()
     rule_mode, rule_chunk = auto_parallel(model, backend)
     rule = rule_mode if rule_chunk is None else f"{rule_mode}:{rule_chunk}"
@@ -177,39 +185,58 @@ def choose_parallel(
     counts = np.asarray(data.counts)
     rng = np.random.default_rng(0)
     chosen = np.sort(rng.choice(counts.size, per_round, replace=False))
-    clients = jnp.asarray(chosen, jnp.int32)
-    active = jnp.ones((per_round,), bool)
-    steps = _step_counts(cfg, counts[chosen])
     states = None
     if persistent_state:
         from fedjax_sel.training.local import client_optimizer
 
         one = client_optimizer(cfg).init(params)
         states = jax.tree.map(lambda x: jnp.broadcast_to(x, (per_round,) + x.shape), one)
-    timings, padded = {}, {}
-    start = time.perf_counter()
-    for mode, conv in candidates(model, per_round, backend):
-        if timings and time.perf_counter() - start > budget:
-            break
-        name = mode if conv is None else f"{mode}/{conv}"
+
+    def arguments(n: int):
+        sub_states = None if states is None else jax.tree.map(lambda x: x[:n], states)
+        clients = jnp.asarray(chosen[:n], jnp.int32)
+        return (params, data, clients, jnp.ones((n,), bool), jax.random.key(1), sub_states)
+
+    def compiled(mode: str, conv: str | None):
         variant = model if conv is None else with_conv_impl(model, conv)
-        train = jax.jit(
+        return jax.jit(
             make_trainer(variant, cfg, data.n_max, parallel=mode, persistent_state=persistent_state)
         )
-        args = (params, data, clients, active, jax.random.key(1), states)
+
+    def seconds(train, args) -> float:
+        t = time.perf_counter()
         jax.block_until_ready(train(*args))
-        runs = []
-        for _ in range(3):
-            t = time.perf_counter()
-            jax.block_until_ready(train(*args))
-            runs.append(time.perf_counter() - t)
-        timings[name] = float(np.median(runs))
+        return time.perf_counter() - t
+
+    todo = candidates(model, per_round, backend)
+    n = per_round
+    args = arguments(n)
+    # one call of the first candidate sizes the measurement: where it alone would spend a
+    # candidate's share of the budget, the candidates are timed on fewer clients (at least 16)
+    first = compiled(*todo[0])
+    jax.block_until_ready(first(*args))
+    share = budget / len(todo)
+    one_call = seconds(first, args)
+    if 3 * one_call > share and per_round > 16:
+        n = max(16, int(per_round * share / (3 * one_call)))
+        args = arguments(n)
+    steps = _step_counts(cfg, counts[chosen[:n]])
+    timings, padded = {}, {}
+    start = time.perf_counter()
+    for mode, conv in todo:
+        # the budget never skips the first two (the rule's mode with each convolution)
+        if len(timings) >= 2 and time.perf_counter() - start > budget:
+            break
+        name = mode if conv is None else f"{mode}/{conv}"
+        train = first if (mode, conv) == todo[0] else compiled(mode, conv)
+        jax.block_until_ready(train(*args))
+        timings[name] = float(np.median([seconds(train, args) for _ in range(3)]))
         kind, _, size = mode.partition(":")
         executed = executed_steps(steps, kind, int(size) if size else None)
         padded[name] = float(1.0 - steps.sum() / max(executed, 1))
     best = min(timings, key=timings.get)
     mode, _, conv = best.partition("/")
-    choice = ParallelChoice(mode, conv or model.conv_impl, "measured", timings, padded)
+    choice = ParallelChoice(mode, conv or model.conv_impl, "measured", timings, padded, n)
     if use_cache:
         _write_cache(key, choice)
     return choice

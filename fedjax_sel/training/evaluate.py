@@ -23,10 +23,10 @@ def segment_sums(
 ) -> tuple[Array, Array, Array]:
     """Per-segment sums of loss and correct predictions, and counts, over rows ``x, y``.
 
-    Rows run in batches of ``batch_size`` under ``lax.map`` (memory: one batch of activations,
-    one float per row and one per segment). With a ``mesh`` of n devices (axis ``clients``) the
-    batches are split into n groups, one per device. Returns ``(loss_sum, correct_sum,
-    count)``, each float32[num_segments].
+    Rows run in batches of ``batch_size`` under ``lax.map``, each sliced in place (memory: one
+    batch of activations, a few floats per row and per segment). With a ``mesh`` of n devices
+    (axis ``clients``) the batches are split into n groups, one per device. Returns
+    ``(loss_sum, correct_sum, count)``, each float32[num_segments].
     """
     n = x.shape[0]
     n_dev = 1 if mesh is None else mesh.devices.size
@@ -39,8 +39,6 @@ def segment_sums(
         a = jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1), constant_values=value)
         return a.reshape((nb, batch_size) + a.shape[1:])
 
-    xs, ys, segs, vals = padded(x), padded(y), padded(segment), padded(valid, False)
-
     def one(args):
         # per-row masked loss and correct flags: the batches stack to n floats, and one
         # segment sum at the end keeps memory at O(n + num_segments)
@@ -51,7 +49,25 @@ def segment_sums(
         correct = model.correct(out, yb) * w if model.correct is not None else jnp.zeros_like(w)
         return loss, correct
 
-    if n_dev > 1:
+    if n_dev == 1 and nb > 1:
+        # each batch sliced from the rows in place: padding them to a whole number of batches
+        # copied the data set (4 GB at 10^6 clients) on every call. The last batch ends at row
+        # n, and rows an earlier batch already counted get weight 0.
+        def sliced(i):
+            first = i * batch_size
+            start = jnp.minimum(first, n - batch_size)
+            fresh = start + jnp.arange(batch_size) >= first
+
+            def rows(a):
+                return jax.lax.dynamic_slice_in_dim(a, start, batch_size)
+
+            vb = rows(valid) & fresh
+            loss, correct = one((rows(x), rows(y), vb))
+            return loss, correct, rows(segment), vb
+
+        loss, correct, segs, vals = jax.lax.map(sliced, jnp.arange(nb))
+    elif n_dev > 1:
+        xs, ys, segs, vals = padded(x), padded(y), padded(segment), padded(valid, False)
         from jax.sharding import NamedSharding, PartitionSpec
 
         sharding = NamedSharding(mesh, PartitionSpec("clients"))
@@ -61,10 +77,9 @@ def segment_sums(
             return jax.lax.with_sharding_constraint(a, sharding)
 
         loss, correct = jax.vmap(lambda g: jax.lax.map(one, g))(jax.tree.map(split, (xs, ys, vals)))
-    elif nb == 1:
-        loss, correct = one((xs[0], ys[0], vals[0]))
-    else:
-        loss, correct = jax.lax.map(one, (xs, ys, vals))
+    else:  # one batch holds every row: nothing to pad
+        segs, vals = padded(segment), padded(valid, False)
+        loss, correct = one((padded(x)[0], padded(y)[0], vals[0]))
     flat_segs, w = segs.reshape(-1), vals.reshape(-1).astype(jnp.float32)
     return (
         jax.ops.segment_sum(loss.reshape(-1), flat_segs, num_segments),
@@ -156,10 +171,34 @@ def client_losses(
     return jax.vmap(one)(clients)
 
 
+# clients per chunk of client_batch_losses: a minibatch of every one of 10^6 clients gathered
+# at once is 10^6 x 32 rows (7.7 GB of 60 float32 features); a chunk's stays in cache
+BATCH_LOSS_CHUNK = 8192
+
+
 def client_batch_losses(
-    model: Model, params: Params, data: ClientData, clients: Array, key: PRNGKey, batch_size: int
+    model: Model,
+    params: Params,
+    data: ClientData,
+    clients: Array,
+    key: PRNGKey,
+    batch_size: int,
+    chunk: int = BATCH_LOSS_CHUNK,
 ) -> Array:
-    """Mean loss on one random minibatch (with replacement; the whole data when smaller)."""
+    """Mean loss on one random minibatch (with replacement; the whole data when smaller), of
+    each listed client (float32[n]). More than ``chunk`` clients run ``chunk`` at a time
+    (``lax.map`` over chunks, ``vmap`` inside), so memory is bounded whatever n; each client's
+    draw depends only on ``key`` and its id, so the result does not depend on ``chunk``."""
+    clients = jnp.asarray(clients, jnp.int32)
+    n = clients.shape[0]
+    if n > chunk:
+        padded = -(-n // chunk) * chunk
+        ids = jnp.concatenate([clients, jnp.broadcast_to(clients[0], (padded - n,))])
+        out = jax.lax.map(
+            lambda g: client_batch_losses(model, params, data, g, key, batch_size, chunk),
+            ids.reshape(-1, chunk),
+        )
+        return out.reshape(-1)[:n]
 
     def one(client):
         count = data.counts[client]
