@@ -93,21 +93,22 @@ def scale() -> str:
     f = f"{CPU}/scale.json"
     rows = _load(f)["rows"]
     lines = [
-        "| strategy | K | P | s/round | selection s | training s | aggregation s | evaluation s "
-        "| peak GiB | data s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| strategy | K | P | s/round | mean s | selection s | training s | aggregation s "
+        "| evaluation s | accuracy | peak GiB | data s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         if "error" in r:
             lines.append(
-                f"| {r['strategy']} | {r['clients']:,} | {r['per_round']:,} | not measured "
-                "(stopped, see below) | | | | | | |"
+                f"| {r['strategy']} | {r['clients']:,} | {r['per_round']:,} | not measured: "
+                f"{r['error']} | | | | | | | | |"
             )
             continue
         lines.append(
             f"| {r['strategy']} | {r['clients']:,} | {r['per_round']:,} | "
-            f"{r['seconds_per_round']:.3f} | {r['selection_s']:.3f} | {r['training_s']:.3f} | "
-            f"{r['aggregation_s']:.3f} | {r['evaluation_s']:.3f} | {r['peak_memory_gib']:.2f} | "
+            f"{r['seconds_per_round']:.3f} | {r['mean_seconds_per_round']:.3f} | "
+            f"{r['selection_s']:.3f} | {r['training_s']:.3f} | {r['aggregation_s']:.3f} | "
+            f"{r['evaluation_s']:.3f} | {r['test_accuracy']:.3f} | {r['peak_memory_gib']:.2f} | "
             f"{r['data_seconds']:.1f} |"
         )
     return _block([f], lines)

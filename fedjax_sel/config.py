@@ -150,6 +150,8 @@ class RunConfig:
         (),
         "test accuracies whose first rounds and simulated seconds the summary reports (0.8-0.9)",
         group=_R,
+        positive=True,
+        maximum=1.0,
         results=False,
     )
     dataset: str = setting("digits", "data set (`fedjax-sel list`)", group=_D)
@@ -288,10 +290,14 @@ class RunConfig:
                 value = dict(value)
             setattr(self, f.name, value)
             meta = f.metadata
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                if not math.isfinite(value):
-                    raise ConfigError(f"{f.name} must be a finite number, got {value!r}")
-                if not _in_range(value, meta):
+            # a tuple's bounds hold for each of its numbers (accuracy targets in (0, 1])
+            numbers = value if isinstance(value, tuple) else (value,)
+            for number in numbers:
+                if not isinstance(number, (int, float)) or isinstance(number, bool):
+                    continue
+                if not math.isfinite(number):
+                    raise ConfigError(f"{f.name} must be finite numbers, got {value!r}")
+                if not _in_range(number, meta):
                     raise ConfigError(f"{f.name} must be {_range_text(meta)}, got {value!r}")
             other = meta["exclusive"]
             if other and value is not None and getattr(self, other) is not None:
@@ -388,13 +394,13 @@ def _in_range(value: float, meta: Mapping[str, Any]) -> bool:
 
 
 def _range_text(meta: Mapping[str, Any]) -> str:
-    if meta["positive"]:
-        return "a positive number"
     bounds = [
         f"{op} {meta[key]:g}"
         for key, op in (("minimum", ">="), ("maximum", "<="), ("below", "<"))
         if meta[key] is not None
     ]
+    if meta["positive"]:
+        return "a positive number" if not bounds else " and ".join(["> 0", *bounds])
     return " and ".join(bounds)
 
 

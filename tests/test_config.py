@@ -108,6 +108,9 @@ def test_validation_names_values():
         ({"server": "rmsprop"}, "server='rmsprop' is not a valid choice"),
         ({"rounds": "ten"}, "rounds='ten' is not a valid integer"),
         ({"local_steps": 3, "local_epochs": 2}, "give --local-steps or --local-epochs, not both"),
+        # a target no accuracy can reach is refused, each number of the tuple checked
+        ({"accuracy_targets": (0.8, 1.5)}, "accuracy_targets must be > 0 and <= 1, got (0.8, 1.5)"),
+        ({"accuracy_targets": (0.0,)}, "accuracy_targets must be > 0 and <= 1"),
     ]:
         with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
             RunConfig(**kw).validate()

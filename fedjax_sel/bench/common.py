@@ -83,7 +83,7 @@ def print_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> None:
     cells = [
         [(fmt.format(r[k]) if r.get(k) is not None else "-") for _, k, fmt in columns] for r in rows
     ]
-    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, (h, _, _) in enumerate(columns)]
+    widths = [max([len(h), *(len(c[i]) for c in cells)]) for i, (h, _, _) in enumerate(columns)]
     print("  ".join(h.rjust(w) for (h, _, _), w in zip(columns, widths, strict=True)))
     for c in cells:
         print("  ".join(v.rjust(w) for v, w in zip(c, widths, strict=True)))

@@ -72,6 +72,10 @@ PERSONAL_SCALE = 0.5
 # slots at most, per strategy: FedCVR-Bolt forms one coalition per slot (k-means in a
 # P-dimensional embedding costs O(K P^2)); DivFL's greedy costs O(P pool^2) = O(P^3)
 MAX_PER_ROUND = {"fedcvr_bolt": 100, "divfl": 100}
+# clients at most, with the reason a larger K is not run
+MAX_CLIENTS = {
+    "full": (100_000, "trains every client every round (10^6 local trainings per round)"),
+}
 
 
 def row_args(strategy: str, clients: int, per_round: int) -> dict[str, Any]:
@@ -243,6 +247,10 @@ def scale_main(
             spec = dict(
                 strategy=s, clients=k, per_round=p, rounds=rounds, max_examples=max_examples
             )
+            limit, reason = MAX_CLIENTS.get(s, (k, ""))
+            if k > limit:
+                rows.append({**spec, "error": f"not run above K = {limit:,}: {reason}"})
+                continue
             t0 = time.perf_counter()
             r = subprocess.run(
                 [sys.executable, "-m", "fedjax_sel.bench.scale", json.dumps(spec)],
