@@ -59,3 +59,18 @@ def test_every_strategy_has_a_row_and_its_large_k_settings():
 def test_unknown_strategy_is_named():
     with pytest.raises(ConfigError, match="'nope'"):
         scale_main(["uniform", "nope"], [100])
+
+
+def test_full_participation_is_not_run_above_its_limit_and_says_why():
+    rows = scale_main(["full"], [200_000])
+    assert rows == [
+        {
+            "strategy": "full",
+            "clients": 200_000,
+            "per_round": 200_000,
+            "rounds": 5,
+            "max_examples": 20,
+            "error": "not run above K = 100,000: trains every client every round "
+            "(10^6 local trainings per round)",
+        }
+    ]
