@@ -316,6 +316,18 @@ class RunConfig:
         if self.mode == "personalized":
             from fedjax_sel.personalized.methods import PERSONALIZED_METHODS
 
+            # what the personalized engine never reads: refused rather than silently ignored
+            ignored = [
+                _flag(f)
+                for f in dataclasses.fields(self)
+                if f.name in PERSONALIZED_IGNORES and getattr(self, f.name) != f.default
+            ]
+            if ignored:
+                raise ConfigError(
+                    f"mode=personalized trains every client against every target each round "
+                    f"and ignores {', '.join(ignored)}: leave them out"
+                )
+
             self.strategy_args = PERSONALIZED_METHODS.resolve(self.strategy, self.strategy_args)
         else:
             from fedjax_sel.strategies import STRATEGIES
@@ -382,6 +394,30 @@ class RunConfig:
     @property
     def display_name(self) -> str:
         return self.label or self.strategy
+
+
+# settings of the global engine that mode=personalized does not read (every client trains
+# against every target each round; its server is the weighting, not an optimizer)
+PERSONALIZED_IGNORES = frozenset(
+    {
+        "per_round",
+        "availability",
+        "system",
+        "deadline",
+        "overcommit",
+        "dropout",
+        "local_epochs",
+        "momentum",
+        "weight_decay",
+        "prox_mu",
+        "persistent_client_state",
+        "server",
+        "server_lr",
+        "server_momentum",
+        "server_weight_decay",
+        "parallel",
+    }
+)
 
 
 def _in_range(value: float, meta: Mapping[str, Any]) -> bool:

@@ -118,6 +118,17 @@ def test_validation_names_values():
         RunConfig.from_dict({"roundz": 3})
 
 
+def test_personalized_mode_refuses_the_settings_it_would_ignore():
+    base = dict(mode="personalized", strategy="sp_cacw", dataset="clustered_mnist")
+    with pytest.raises(ConfigError, match=r"ignores --per-round: leave them out"):
+        RunConfig(**base, per_round=5).resolve()
+    with pytest.raises(ConfigError, match=r"ignores --availability, --server-lr, --parallel"):
+        RunConfig(**base, availability="markov", server_lr=0.5, parallel="vmap").resolve()
+    # the settings it reads are accepted, and a global run keeps every setting
+    RunConfig(**base, lr=0.1, local_steps=5, batch_size=16).resolve()
+    RunConfig(strategy="uniform", per_round=5, availability="markov", parallel="vmap").resolve()
+
+
 def _options(registry):
     for name in sorted(registry):
         for key, opt in registry[name].options.items():

@@ -75,6 +75,34 @@ def test_auto_layout_picks_flat_for_skewed_sizes():
     assert from_client_arrays(xs, ys).layout == "padded"
 
 
+def test_large_arrays_are_assembled_on_device_in_chunks(monkeypatch):
+    """Above the size threshold a data set is scattered into a device buffer a chunk at a
+    time; the result is the host assembly's, bit for bit, in both layouts (also with a last
+    chunk shorter than the others and a client without examples)."""
+    from fedjax_sel.data import client_data
+
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(300, 3, 2)).astype(np.float32)
+    y = rng.integers(0, 7, 300).astype(np.int32)
+    perm = rng.permutation(300)
+    parts = [perm[:40], perm[40:41], perm[41:41], perm[41:200], perm[200:290]]
+    for layout in ("padded", "flat"):
+        host = from_parts(x, y, parts, layout=layout, allow_empty=True)
+        monkeypatch.setattr(client_data, "CHUNKED_ASSEMBLY_BYTES", 0)
+        monkeypatch.setattr(client_data, "ASSEMBLY_CHUNK_ROWS", 64)
+        chunked = from_parts(x, y, parts, layout=layout, allow_empty=True)
+        monkeypatch.undo()
+        assert chunked.layout == host.layout == layout
+        for a, b in ((chunked.x, host.x), (chunked.y, host.y)):
+            assert a.shape == b.shape and a.dtype == b.dtype
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        # and what each client holds is its part of the pool, in order (NumPy)
+        for c, p in enumerate(parts):
+            got_x, got_y = host.client_arrays(c)
+            np.testing.assert_array_equal(np.asarray(got_x), x[p])
+            np.testing.assert_array_equal(np.asarray(got_y), y[p])
+
+
 def test_empty_client_is_rejected():
     with pytest.raises(ConfigError, match="hold no examples"):
         from_parts(np.zeros((4, 2)), np.zeros(4), [np.arange(4), np.array([], int)])

@@ -1,13 +1,16 @@
-"""The published federated files read back as written: small LEAF JSON folders and TFF HDF5
-files built here (a few writers of unequal sizes, a held-out test split per writer), loaded
-through ``load_dataset`` and checked client by client against what the test wrote; clear
-errors for missing and malformed files; a run on them from the command line."""
+"""The published federated files read back as written: small LEAF JSON folders, TFF HDF5 and
+FedJAX SQLite files built here (a few writers of unequal sizes, a held-out test split per
+writer), loaded through ``load_dataset`` and checked client by client against what the test
+wrote; clear errors for missing and malformed files; a run on them from the command line."""
 
 from __future__ import annotations
 
 import json
+import sqlite3
+import zlib
 
 import h5py  # the federated extra, also in the test extra
+import msgpack  # a flax dependency
 import numpy as np
 import pytest
 
@@ -124,7 +127,39 @@ def _write_tff(path, clients: dict[str, dict[str, np.ndarray]]):
                 f.create_dataset(f"examples/{cid}/{k}", data=v)
 
 
-def test_emnist_writers_from_tff_hdf5(tmp_path):
+def _fedjax_pack(x):
+    """FedJAX's msgpack extensions, written out here from its documented format."""
+    if isinstance(x, np.ndarray) and x.dtype == object:
+        return msgpack.ExtType(4, msgpack.packb((x.shape, list(x.reshape(-1)))))
+    if isinstance(x, np.ndarray):
+        return msgpack.ExtType(1, msgpack.packb((x.shape, x.dtype.name, x.tobytes("C"))))
+    raise TypeError(type(x))
+
+
+def _write_fedjax(path, clients: dict[str, dict[str, np.ndarray]]):
+    """FedJAX's SQLite layout: one row per client, zlib over msgpack of its features."""
+    con = sqlite3.connect(path)
+    con.execute(
+        "CREATE TABLE federated_data (client_id BLOB NOT NULL PRIMARY KEY, data BLOB NOT NULL, "
+        "num_examples INTEGER NOT NULL)"
+    )
+    for cid, feats in clients.items():
+        blob = zlib.compress(msgpack.packb(feats, default=_fedjax_pack, strict_types=True))
+        n = len(next(iter(feats.values())))
+        con.execute("INSERT INTO federated_data VALUES (?, ?, ?)", (cid.encode(), blob, n))
+    con.commit()
+    con.close()
+
+
+def _write(file_format, folder, tff_stem, fedjax_stem, split, clients):
+    if file_format == "tff":
+        _write_tff(folder / f"{tff_stem}_{split}.h5", clients)
+    else:
+        _write_fedjax(folder / f"{fedjax_stem}_{split}.sqlite", clients)
+
+
+@pytest.mark.parametrize("file_format", ["tff", "fedjax"])
+def test_emnist_writers_from_tff_hdf5_and_fedjax_sqlite(tmp_path, file_format):
     rng = np.random.default_rng(2)
     sizes = {"f0000_14": (9, 2), "f0001_41": (3, 1), "f0005_26": (14, 3)}
     files = {"train": {}, "test": {}}
@@ -135,19 +170,22 @@ def test_emnist_writers_from_tff_hdf5(tmp_path):
                 "label": rng.integers(0, 62, n).astype(np.int32),
             }
     for split in files:
-        _write_tff(tmp_path / f"fed_emnist_{split}.h5", files[split])
-    ds = load_dataset("emnist_writers", data_path=tmp_path)
+        _write(file_format, tmp_path, "fed_emnist", "federated_emnist", split, files[split])
+    ds = load_dataset("emnist_writers", data_path=tmp_path, format=file_format)
     assert ds.num_clients == 3 and ds.num_classes == 62
+    assert ds.info["source"].startswith("TFF HDF5" if file_format == "tff" else "FedJAX SQLite")
     for k, cid in enumerate(sizes):  # file order
         for split, data in (("train", ds.train), ("test", ds.test)):
             x, y = _client(data, k)
             np.testing.assert_allclose(x[..., 0], files[split][cid]["pixels"], atol=1e-7)
             np.testing.assert_array_equal(y, files[split][cid]["label"])
-    with pytest.raises(ConfigError, match="fed_emnist_digitsonly_train.h5' not found"):
-        load_dataset("emnist_writers", data_path=tmp_path, only_digits=True)
+    missing = {"tff": "fed_emnist_digitsonly_train.h5", "fedjax": "emnist_digitsonly_train.sqlite"}
+    with pytest.raises(ConfigError, match=f"{missing[file_format]}' not found"):
+        load_dataset("emnist_writers", data_path=tmp_path, only_digits=True, format=file_format)
 
 
-def test_cifar100_pachinko_and_shakespeare_from_tff_hdf5(tmp_path):
+@pytest.mark.parametrize("file_format", ["tff", "fedjax"])
+def test_cifar100_pachinko_and_shakespeare_from_tff_hdf5_and_fedjax_sqlite(tmp_path, file_format):
     rng = np.random.default_rng(3)
 
     def cifar(n):
@@ -160,9 +198,9 @@ def test_cifar100_pachinko_and_shakespeare_from_tff_hdf5(tmp_path):
 
     train = {str(i): cifar(n) for i, n in enumerate((4, 7))}
     test = {str(i): cifar(3) for i in (100, 101)}  # TFF's test clients are others
-    _write_tff(tmp_path / "fed_cifar100_train.h5", train)
-    _write_tff(tmp_path / "fed_cifar100_test.h5", test)
-    ds = load_dataset("cifar100_tff", data_path=tmp_path, label="coarse")
+    _write(file_format, tmp_path, "fed_cifar100", "federated_cifar100", "train", train)
+    _write(file_format, tmp_path, "fed_cifar100", "federated_cifar100", "test", test)
+    ds = load_dataset("cifar100_tff", data_path=tmp_path, label="coarse", format=file_format)
     assert ds.num_classes == 20 and ds.test is None and ds.test_x.shape[0] == 6
     x, y = _client(ds.train, 1)
     np.testing.assert_allclose(x, train["1"]["image"] / 255.0, atol=1e-6)
@@ -172,10 +210,10 @@ def test_cifar100_pachinko_and_shakespeare_from_tff_hdf5(tmp_path):
     snip = {"THE_TRAGEDY_OF_KING_RICHARD_THE_THIRD_GLOUCESTER": [line * 2, line[:40]],
             "THE_TRAGEDY_OF_KING_RICHARD_THE_THIRD_ANNE": ["short"]}  # fmt: skip
     for split in ("train", "test"):
-        _write_tff(tmp_path / f"shakespeare_{split}.h5",
-                   {c: {"snippets": np.array([s.encode() for s in v], dtype=object)}
-                    for c, v in snip.items()})  # fmt: skip
-    ds = load_dataset("shakespeare_tff", data_path=tmp_path, stride=10)
+        _write(file_format, tmp_path, "shakespeare", "shakespeare", split,
+               {c: {"snippets": np.array([s.encode() for s in v], dtype=object)}
+                for c, v in snip.items()})  # fmt: skip
+    ds = load_dataset("shakespeare_tff", data_path=tmp_path, stride=10, format=file_format)
     # ANNE's only snippet is shorter than one window: not a client (and said so)
     assert ds.num_clients == 1 and ds.info["clients_without_a_full_window"] == 1
     x, y = _client(ds.train, 0)
@@ -221,6 +259,41 @@ def test_bad_files_get_errors_that_name_them(tmp_path, femnist_dir):
     (tmp_path / "fed_emnist_train.h5").write_text("not hdf5")
     with pytest.raises(ConfigError, match="is not an HDF5 file"):
         load_dataset("emnist_writers", data_path=tmp_path)
+    # FedJAX SQLite: a missing feature, a record that is not FedJAX's, a file that is not a
+    # database, a database without FedJAX's table, an unknown format
+    sq = tmp_path / "sq"
+    sq.mkdir()
+    _write_fedjax(sq / "federated_emnist_train.sqlite", {"c": {"pixels": np.zeros((2, 28, 28))}})
+    _write_fedjax(sq / "federated_emnist_test.sqlite", {"c": {"pixels": np.zeros((1, 28, 28))}})
+    with pytest.raises(
+        ConfigError, match=r"client 'c': no feature 'label' \(it has \['pixels'\]\)"
+    ):
+        load_dataset("emnist_writers", data_path=sq, format="fedjax")
+    con = sqlite3.connect(sq / "federated_emnist_train.sqlite")
+    con.execute("UPDATE federated_data SET data = ?", (b"not zlib",))
+    con.commit()
+    con.close()
+    with pytest.raises(ConfigError, match=r"client 'c': not a FedJAX record"):
+        load_dataset("emnist_writers", data_path=sq, format="fedjax")
+    objects = zlib.compress(
+        msgpack.packb({"pixels": msgpack.ExtType(1, msgpack.packb(((1,), "object", b"x")))})
+    )
+    con = sqlite3.connect(sq / "federated_emnist_train.sqlite")
+    con.execute("UPDATE federated_data SET data = ?", (objects,))
+    con.commit()
+    con.close()
+    with pytest.raises(ConfigError, match="arrays must be numeric, got dtype object"):
+        load_dataset("emnist_writers", data_path=sq, format="fedjax")
+    sqlite3.connect(sq / "other.sqlite").execute("CREATE TABLE t (a)").connection.commit()
+    (sq / "federated_emnist_train.sqlite").unlink()
+    (sq / "other.sqlite").rename(sq / "federated_emnist_train.sqlite")
+    with pytest.raises(ConfigError, match=r"has no 'federated_data' table .* it has \['t'\]"):
+        load_dataset("emnist_writers", data_path=sq, format="fedjax")
+    (sq / "federated_emnist_train.sqlite").write_bytes(b"not a database at all" * 50)
+    with pytest.raises(ConfigError, match="is not an SQLite database"):
+        load_dataset("emnist_writers", data_path=sq, format="fedjax")
+    with pytest.raises(ConfigError, match=r"format must be one of \['fedjax', 'tff'\], got 'csv'"):
+        load_dataset("emnist_writers", data_path=sq, format="csv")
     root, _ = femnist_dir
     with pytest.raises(ConfigError, match="keeps the published train/test split"):
         load_dataset("femnist", data_path=root, test_fraction=0.2)

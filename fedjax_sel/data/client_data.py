@@ -14,6 +14,7 @@ all the training and evaluation code uses.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import jax
@@ -164,27 +165,64 @@ def from_parts(
         layout = "padded" if k * n_max <= max_padding_ratio * total else "flat"
     x = np.asarray(x)
     y = np.asarray(y)
+    order = np.concatenate([np.asarray(p, np.int64) for p in parts])
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
     if layout == "padded":
-        xp = np.zeros((k, n_max) + x.shape[1:], x.dtype)
-        yp = np.zeros((k, n_max) + y.shape[1:], y.dtype)
-        for i, p in enumerate(parts):
-            xp[i, : len(p)] = x[p]
-            yp[i, : len(p)] = y[p]
+        # row r of the concatenated parts goes to (its client, its position in the client)
+        owner = np.repeat(np.arange(k), counts)
+        where = (owner, np.arange(total) - np.repeat(starts, counts))
+        shape = (k, n_max)
         offsets = np.zeros(k, np.int64)
     else:
-        order = np.concatenate([np.asarray(p, np.int64) for p in parts])
-        xp, yp = x[order], y[order]
-        offsets = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        where = (np.arange(total),)
+        shape = (total,)
+        offsets = starts
     return ClientData(
-        # device_put copies once (jnp.asarray can stage a second copy of a large array)
-        x=jax.device_put(xp),
-        y=jax.device_put(yp),
+        x=_gathered_on_device(x, order, where, shape),
+        y=_gathered_on_device(y, order, where, shape),
         counts=jnp.asarray(counts, jnp.int32),
         offsets=jnp.asarray(offsets, jnp.int32),
         layout=layout,
         n_max=n_max,
         x_scale=x_scale,
     )
+
+
+# above this many bytes an array is assembled on the device in chunks (a host copy in the
+# final layout, then a device copy, held three times the data at 10^6 clients)
+CHUNKED_ASSEMBLY_BYTES = 1 << 28
+ASSEMBLY_CHUNK_ROWS = 1 << 18
+
+
+def _gathered_on_device(
+    pool: np.ndarray, order: np.ndarray, where: tuple[np.ndarray, ...], shape: tuple[int, ...]
+) -> Array:
+    """A device array of ``shape + pool.shape[1:]``, zero except ``out[where] = pool[order]``.
+
+    Small arrays are built on the host and copied once. Large ones are written into a device
+    buffer a chunk of rows at a time (a jitted scatter that donates the buffer, so it is
+    updated in place): the peak is the pool, the result and one chunk, not the pool and two
+    copies of the result."""
+    full = shape + pool.shape[1:]
+    if np.prod(full, dtype=np.int64) * pool.dtype.itemsize <= CHUNKED_ASSEMBLY_BYTES:
+        out = np.zeros(full, pool.dtype)
+        out[where] = pool[order]
+        # device_put copies once (jnp.asarray can stage a second copy of a large array)
+        return jax.device_put(out)
+    buf = jnp.zeros(full, pool.dtype)
+    rows = ASSEMBLY_CHUNK_ROWS
+    for start in range(0, len(order), rows):
+        idx = np.arange(start, min(start + rows, len(order)))
+        # the last chunk repeats its final row up to the chunk size: one compiled scatter,
+        # and writing the same value twice changes nothing
+        idx = np.pad(idx, (0, rows - len(idx)), mode="edge")
+        buf = _scatter_rows(buf, tuple(w[idx] for w in where), pool[order[idx]])
+    return buf
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _scatter_rows(buf: Array, where: tuple[Array, ...], values: Array) -> Array:
+    return buf.at[where].set(values)
 
 
 def from_client_arrays(

@@ -12,6 +12,10 @@ the published per-client train/test split and client sizes exactly as the files 
 * ``shakespeare_tff``: TFF's ``shakespeare_{train,test}.h5``, 715 roles, each snippet cut into
   80-character windows.
 
+The three TFF data sets also read FedJAX's SQLite copies of the same clients
+(``--dataset-arg format=fedjax``: ``federated_emnist_{train,test}.sqlite``,
+``federated_cifar100_{train,test}.sqlite``, ``shakespeare_{train,test}.sqlite``).
+
 ``--clients N`` takes a seeded subset of the clients (``config.json`` says so: ``info``'s
 ``clients_subsampled``); by default every client in the files is one.
 """
@@ -21,7 +25,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
@@ -33,7 +37,9 @@ from fedjax_sel.data.datasets import FederatedDataset, register_dataset
 from fedjax_sel.data.federated_files import (
     ClientExamples,
     compact_pixels,
+    fedjax_client_ids,
     find_file,
+    iter_fedjax_clients,
     iter_tff_clients,
     read_leaf,
     subsample,
@@ -249,17 +255,48 @@ def _synthetic_leaf(
 
 
 # ----------------------------------------------------------------------------- TFF HDF5
+# format -> (client ids of a file, client-by-client reader, file suffix)
+FORMATS: dict[str, tuple[Callable, Callable, str]] = {
+    "tff": (tff_client_ids, iter_tff_clients, ".h5"),
+    "fedjax": (fedjax_client_ids, iter_fedjax_clients, ".sqlite"),
+}
+
+
+class _Files(NamedTuple):
+    """A TFF data set's two files in one format, and how to read them."""
+
+    train: Path
+    test: Path
+    ids: Callable[[Path], list[str]]
+    read: Callable
+    source: str
+
+
+def _files(name: str, data_path, file_format: str, tff_stem: str, fedjax_stem: str) -> _Files:
+    """The train and test files of ``name`` in ``file_format`` (``tff``: ``{tff_stem}_train.h5``;
+    ``fedjax``: ``{fedjax_stem}_train.sqlite``)."""
+    if file_format not in FORMATS:
+        raise ConfigError(f"{name}: format must be one of {sorted(FORMATS)}, got {file_format!r}")
+    ids, read, suffix = FORMATS[file_format]
+    stem = tff_stem if file_format == "tff" else fedjax_stem
+    train = find_file(name, data_path, f"{stem}_train{suffix}")
+    test = find_file(name, data_path, f"{stem}_test{suffix}")
+    label = "TFF HDF5" if file_format == "tff" else "FedJAX SQLite"
+    return _Files(train, test, ids, read, f"{label} {train.parent}")
+
+
 def _tff_split(
     name: str,
+    files: _Files,
     path: Path,
     ids: list[str] | None,
     features: tuple[str, ...],
     convert: Callable[[dict, str], ClientExamples],
 ) -> dict[str, ClientExamples]:
-    """client id -> examples of the clients ``ids`` (default: all) of one TFF file."""
+    """client id -> examples of the clients ``ids`` (default: all) of one file."""
     return {
         cid: convert(arrays, f"{name} {path.name}, client {cid!r}")
-        for cid, arrays in iter_tff_clients(path, features, ids)
+        for cid, arrays in files.read(path, features, ids)
     }
 
 
@@ -270,12 +307,21 @@ def _tff_split(
     reference="TensorFlow Federated, tff.simulation.datasets.emnist",
 )
 def _emnist_writers(
-    *, num_clients, partition, seed, data_path, test_fraction, layout, only_digits: bool = False
+    *,
+    num_clients,
+    partition,
+    seed,
+    data_path,
+    test_fraction,
+    layout,
+    only_digits: bool = False,
+    format: str = "tff",  # noqa: A002 (the option's name)
 ):
-    stem = "fed_emnist_digitsonly" if only_digits else "fed_emnist"
+    digits = "_digitsonly" if only_digits else ""
     classes = 10 if only_digits else 62
-    train_path = find_file("emnist_writers", data_path, f"{stem}_train.h5")
-    test_path = find_file("emnist_writers", data_path, f"{stem}_test.h5")
+    files = _files(
+        "emnist_writers", data_path, format, f"fed_emnist{digits}", f"federated_emnist{digits}"
+    )
     scales: set = set()
 
     def convert(arrays: dict, where: str) -> ClientExamples:
@@ -287,16 +333,16 @@ def _emnist_writers(
         return ClientExamples(pixels, _labels(arrays["label"], where, classes))
 
     features = ("pixels", "label")
-    ids, sub = subsample(tff_client_ids(train_path), num_clients, seed, "emnist_writers")
-    train = _tff_split("emnist_writers", train_path, ids, features, convert)
-    have = set(tff_client_ids(test_path))
+    ids, sub = subsample(files.ids(files.train), num_clients, seed, "emnist_writers")
+    train = _tff_split("emnist_writers", files, files.train, ids, features, convert)
+    have = set(files.ids(files.test))
     test_ids = [c for c in ids if c in have]
-    test = _tff_split("emnist_writers", test_path, test_ids, features, convert)
+    test = _tff_split("emnist_writers", files, files.test, test_ids, features, convert)
     train, test, scale = _one_storage(train, test, scales)
     return assemble_natural(
         "emnist_writers", ids, train, test, layout=layout, num_classes=classes,
         default_model="cnn", x_scale=scale,
-        info={"source": f"TFF HDF5 {train_path.parent}", "only_digits": bool(only_digits), **sub},
+        info={"source": files.source, "only_digits": bool(only_digits), **sub},
     )  # fmt: skip
 
 
@@ -307,13 +353,20 @@ def _emnist_writers(
     reference="Reddi et al. 2021; tff.simulation.datasets.cifar100",
 )
 def _cifar100_tff(
-    *, num_clients, partition, seed, data_path, test_fraction, layout, label: str = "fine"
+    *,
+    num_clients,
+    partition,
+    seed,
+    data_path,
+    test_fraction,
+    layout,
+    label: str = "fine",
+    format: str = "tff",  # noqa: A002 (the option's name)
 ):
     if label not in ("fine", "coarse"):
         raise ConfigError(f"cifar100_tff: label must be 'fine' or 'coarse', got {label!r}")
     key, classes = ("label", 100) if label == "fine" else ("coarse_label", 20)
-    train_path = find_file("cifar100_tff", data_path, "fed_cifar100_train.h5")
-    test_path = find_file("cifar100_tff", data_path, "fed_cifar100_test.h5")
+    files = _files("cifar100_tff", data_path, format, "fed_cifar100", "federated_cifar100")
 
     def convert(arrays: dict, where: str) -> ClientExamples:
         x = np.asarray(arrays["image"])
@@ -324,17 +377,17 @@ def _cifar100_tff(
         return ClientExamples(x, _labels(arrays[key], where, classes))
 
     features = ("image", key)
-    ids, sub = subsample(tff_client_ids(train_path), num_clients, seed, "cifar100_tff")
-    train = _tff_split("cifar100_tff", train_path, ids, features, convert)
+    ids, sub = subsample(files.ids(files.train), num_clients, seed, "cifar100_tff")
+    train = _tff_split("cifar100_tff", files, files.train, ids, features, convert)
     # TFF's test clients are others than its training clients: the central test set only
-    test = _tff_split("cifar100_tff", test_path, None, features, convert)
+    test = _tff_split("cifar100_tff", files, files.test, None, features, convert)
     central = ClientExamples(
         np.concatenate([t.x for t in test.values()]), np.concatenate([t.y for t in test.values()])
     )
     return assemble_natural(
         "cifar100_tff", ids, train, None, layout=layout, num_classes=classes,
         default_model="cnn", x_scale=1.0 / 255.0, central_test=central,
-        info={"source": f"TFF HDF5 {train_path.parent}", "label": label, **sub},
+        info={"source": files.source, "label": label, **sub},
     )  # fmt: skip
 
 
@@ -345,12 +398,19 @@ def _cifar100_tff(
     reference="TensorFlow Federated, tff.simulation.datasets.shakespeare",
 )
 def _shakespeare_tff(
-    *, num_clients, partition, seed, data_path, test_fraction, layout, stride: int = 1
+    *,
+    num_clients,
+    partition,
+    seed,
+    data_path,
+    test_fraction,
+    layout,
+    stride: int = 1,
+    format: str = "tff",  # noqa: A002 (the option's name)
 ):
     if int(stride) < 1:
         raise ConfigError(f"shakespeare_tff: stride must be >= 1, got {stride}")
-    train_path = find_file("shakespeare_tff", data_path, "shakespeare_train.h5")
-    test_path = find_file("shakespeare_tff", data_path, "shakespeare_test.h5")
+    files = _files("shakespeare_tff", data_path, format, "shakespeare", "shakespeare")
 
     def convert(arrays: dict, where: str) -> ClientExamples:
         snippets = [s.decode("utf-8", "replace") if isinstance(s, bytes) else str(s)
@@ -365,15 +425,15 @@ def _shakespeare_tff(
         return ClientExamples(x, y)
 
     features = ("snippets",)
-    all_ids = tff_client_ids(train_path)
-    train = _tff_split("shakespeare_tff", train_path, all_ids, features, convert)
+    all_ids = files.ids(files.train)
+    train = _tff_split("shakespeare_tff", files, files.train, all_ids, features, convert)
     usable = [c for c in all_ids if len(train[c].y) > 0]  # roles whose lines are all short
     ids, sub = subsample(usable, num_clients, seed, "shakespeare_tff")
-    have = set(tff_client_ids(test_path))
+    have = set(files.ids(files.test))
     test_ids = [c for c in ids if c in have]
-    test = _tff_split("shakespeare_tff", test_path, test_ids, features, convert)
+    test = _tff_split("shakespeare_tff", files, files.test, test_ids, features, convert)
     sub["clients_without_a_full_window"] = len(all_ids) - len(usable)
     return assemble_natural(
         "shakespeare_tff", ids, train, test, layout=layout, num_classes=shakespeare.VOCAB_SIZE,
-        default_model="lstm", info={"source": f"TFF HDF5 {train_path.parent}", **sub},
+        default_model="lstm", info={"source": files.source, **sub},
     )  # fmt: skip

@@ -9,6 +9,12 @@ each client's examples and published train/test split exactly as the files hold 
 * **TensorFlow Federated HDF5** (``fed_emnist_train.h5``, ``fed_cifar100_train.h5``,
   ``shakespeare_train.h5`` ...): ``examples/<client_id>/<feature>`` datasets, one group per
   client, read client by client (h5py, the ``federated`` extra).
+* **FedJAX SQLite** (``federated_emnist_train.sqlite``, ``federated_cifar100_train.sqlite``,
+  ``shakespeare_train.sqlite`` ...): a table ``federated_data(client_id BLOB, data BLOB,
+  num_examples INTEGER)``, one row per client, ``data`` a zlib-compressed msgpack map of
+  feature -> array (FedJAX's ``serialization.msgpack_serialize``); decoded here with the
+  standard library's sqlite3 and msgpack (a flax dependency), numeric arrays and byte strings
+  only.
 
 Files are read one at a time and each client's examples converted to compact arrays at once
 (uint8 where the values are exact multiples of 1/255), so the peak stays near the size of the
@@ -19,6 +25,8 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -221,3 +229,93 @@ def subsample(
         "clients_subsampled": True,
         "subsample_seed": seed,
     }
+
+
+# ----------------------------------------------------------------------------- FedJAX SQLite
+# msgpack extension types of FedJAX's serialization (fedjax/core/serialization.py)
+_FEDJAX_NDARRAY, _FEDJAX_SCALAR, _FEDJAX_BYTES_ARRAY = 1, 3, 4
+
+
+def _sqlite(path: Path) -> sqlite3.Connection:
+    """A read-only connection to a FedJAX file, its ``federated_data`` table checked."""
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    except sqlite3.DatabaseError as e:
+        raise ConfigError(f"FedJAX file {str(path)!r} is not an SQLite database: {e}") from None
+    if "federated_data" not in tables:
+        con.close()
+        raise ConfigError(
+            f"FedJAX file {str(path)!r} has no 'federated_data' table (FedJAX's layout: "
+            f"federated_data(client_id, data, num_examples)); it has {sorted(tables)}"
+        )
+    return con
+
+
+def _fedjax_rows(con: sqlite3.Connection) -> dict[str, int]:
+    """client id -> rowid, in row order (ids are stored as bytes; text is accepted too)."""
+    rows = con.execute("SELECT rowid, client_id FROM federated_data ORDER BY rowid").fetchall()
+    return {(c.decode("utf-8") if isinstance(c, bytes) else str(c)): r for r, c in rows}
+
+
+def fedjax_client_ids(path: Path) -> list[str]:
+    """The client ids of a FedJAX SQLite file, in its row order (FedJAX's iteration order)."""
+    con = _sqlite(path)
+    try:
+        return list(_fedjax_rows(con))
+    finally:
+        con.close()
+
+
+def decode_fedjax_record(blob: bytes, where: str) -> dict[str, np.ndarray]:
+    """One client's examples from FedJAX's record: ``zlib`` over msgpack of ``{feature:
+    array}``, arrays as msgpack extensions (numeric: ``(shape, dtype name, C-order bytes)``;
+    byte strings: ``(shape, [bytes, ...])``). Anything else is refused."""
+    import msgpack  # flax depends on it
+
+    def ext(code: int, data: bytes):
+        if code in (_FEDJAX_NDARRAY, _FEDJAX_SCALAR):
+            shape, name, buffer = msgpack.unpackb(data, raw=True)
+            dtype = np.dtype(name.decode("ascii"))
+            if dtype.kind not in "biuf":
+                raise ConfigError(f"{where}: arrays must be numeric, got dtype {dtype}")
+            array = np.frombuffer(buffer, dtype).reshape(shape)
+            return array if code == _FEDJAX_NDARRAY else array[()]
+        if code == _FEDJAX_BYTES_ARRAY:
+            shape, flat = msgpack.unpackb(data, raw=True)
+            if not all(isinstance(b, bytes) for b in flat):
+                raise ConfigError(f"{where}: a bytes array holds something else than bytes")
+            return np.array(flat, dtype=object).reshape(shape)
+        raise ConfigError(f"{where}: unknown msgpack extension type {code}")
+
+    try:
+        raw = zlib.decompress(blob)
+        out = msgpack.unpackb(raw, ext_hook=ext, raw=False)
+    except (zlib.error, ValueError, msgpack.exceptions.ExtraData, TypeError) as e:
+        raise ConfigError(f"{where}: not a FedJAX record (zlib over msgpack): {e}") from None
+    if not isinstance(out, dict):
+        raise ConfigError(f"{where}: a FedJAX record is a map of features, got {type(out)}")
+    return out
+
+
+def iter_fedjax_clients(
+    path: Path, features: tuple[str, ...], clients: list[str] | None = None
+) -> Iterator[tuple[str, dict[str, np.ndarray]]]:
+    """``(client id, {feature: array})`` client by client from a FedJAX SQLite file
+    (``clients``: those ids, in that order; default every client in row order)."""
+    con = _sqlite(path)
+    try:
+        rows = _fedjax_rows(con)
+        for cid in clients if clients is not None else list(rows):
+            if cid not in rows:
+                raise ConfigError(f"FedJAX file {str(path)!r}: no client {cid!r}")
+            sql = "SELECT data FROM federated_data WHERE rowid = ?"
+            row = con.execute(sql, (rows[cid],)).fetchone()
+            where = f"FedJAX file {str(path)!r}, client {cid!r}"
+            arrays = decode_fedjax_record(row[0], where)
+            missing = [k for k in features if k not in arrays]
+            if missing:
+                raise ConfigError(f"{where}: no feature {missing[0]!r} (it has {sorted(arrays)})")
+            yield cid, {k: arrays[k] for k in features}
+    finally:
+        con.close()
