@@ -255,10 +255,10 @@ def _synthetic_leaf(
 
 
 # ----------------------------------------------------------------------------- TFF HDF5
-# format -> (client ids of a file, client-by-client reader, file suffix)
-FORMATS: dict[str, tuple[Callable, Callable, str]] = {
-    "tff": (tff_client_ids, iter_tff_clients, ".h5"),
-    "fedjax": (fedjax_client_ids, iter_fedjax_clients, ".sqlite"),
+# format -> (client ids of a file, client-by-client reader, file suffix, what it is)
+FORMATS: dict[str, tuple[Callable, Callable, str, str]] = {
+    "tff": (tff_client_ids, iter_tff_clients, ".h5", "TFF HDF5"),
+    "fedjax": (fedjax_client_ids, iter_fedjax_clients, ".sqlite", "FedJAX SQLite"),
 }
 
 
@@ -277,11 +277,10 @@ def _files(name: str, data_path, file_format: str, tff_stem: str, fedjax_stem: s
     ``fedjax``: ``{fedjax_stem}_train.sqlite``)."""
     if file_format not in FORMATS:
         raise ConfigError(f"{name}: format must be one of {sorted(FORMATS)}, got {file_format!r}")
-    ids, read, suffix = FORMATS[file_format]
+    ids, read, suffix, label = FORMATS[file_format]
     stem = tff_stem if file_format == "tff" else fedjax_stem
     train = find_file(name, data_path, f"{stem}_train{suffix}")
     test = find_file(name, data_path, f"{stem}_test{suffix}")
-    label = "TFF HDF5" if file_format == "tff" else "FedJAX SQLite"
     return _Files(train, test, ids, read, f"{label} {train.parent}")
 
 

@@ -183,23 +183,16 @@ def divfl(
         k_count = state.known.shape[0]
         covered = inputs.available if cover == "available" else state.known | inputs.available
         priority = jax.random.uniform(key, (k_count,))
-        if 0 < pool < k_count:
-            ids, drawn = uniform_without_replacement(jax.random.fold_in(key, 1), covered, pool)
-            dist = pairwise_distances(state.updates[ids])
-            candidates = drawn & inputs.available[ids]
-            picks, mask = facility_location_greedy(
-                dist, candidates, drawn, per_round, priority[ids]
-            )
-            clients = ids[picks]
-            diagnostics = coverage(dist, drawn, picks, mask)
-        else:
-            dist = pairwise_distances(state.updates)
-            clients, mask = facility_location_greedy(
-                dist, inputs.available, covered, per_round, priority
-            )
-            diagnostics = coverage(dist, covered, clients, mask)
+        updates, candidates = state.updates, inputs.available
+        pooled = 0 < pool < k_count
+        if pooled:  # the greedy on the pool: rows ids of the table, picks index the pool
+            ids, covered = uniform_without_replacement(jax.random.fold_in(key, 1), covered, pool)
+            updates, candidates, priority = updates[ids], covered & candidates[ids], priority[ids]
+        dist = pairwise_distances(updates)
+        picks, mask = facility_location_greedy(dist, candidates, covered, per_round, priority)
+        clients = ids[picks] if pooled else picks
         weights = fedavg_weights(inputs.num_examples, clients, mask, weighting)
-        return Selection(clients, mask, weights, diagnostics=diagnostics)
+        return Selection(clients, mask, weights, diagnostics=coverage(dist, covered, picks, mask))
 
     def warm(state: DivFLState, inputs: RoundInputs, oracle, key):
         k_count = state.known.shape[0]

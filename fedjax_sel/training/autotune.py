@@ -94,7 +94,7 @@ def candidates(model: Model, per_round: int, backend: str) -> list[tuple[str, st
         if model.conv_impl is None
         else [model.conv_impl] + [c for c in ("patches", "xla") if c != model.conv_impl]
     )
-    return [(rule_spec, c) for c in convs] + [(m, c) for m in modes[1:] for c in convs]
+    return [(m, c) for m in modes for c in convs]  # modes[0] is the rule's
 
 
 def shape_key(

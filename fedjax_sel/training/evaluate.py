@@ -33,11 +33,6 @@ def segment_sums(
     batch_size = max(1, min(batch_size, -(-n // n_dev)))
     nb = -(-n // batch_size)
     nb = -(-nb // n_dev) * n_dev
-    pad = nb * batch_size - n
-
-    def padded(a, value=0):
-        a = jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1), constant_values=value)
-        return a.reshape((nb, batch_size) + a.shape[1:])
 
     def one(args):
         # per-row masked loss and correct flags: the batches stack to n floats, and one
@@ -49,7 +44,25 @@ def segment_sums(
         correct = model.correct(out, yb) * w if model.correct is not None else jnp.zeros_like(w)
         return loss, correct
 
-    if n_dev == 1 and nb > 1:
+    if n_dev > 1:  # nb batches padded to a multiple of the devices, split among them
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        pad = nb * batch_size - n
+
+        def padded(a, value=0):
+            a = jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1), constant_values=value)
+            return a.reshape((nb, batch_size) + a.shape[1:])
+
+        xs, ys, segs, vals = padded(x), padded(y), padded(segment), padded(valid, False)
+
+        sharding = NamedSharding(mesh, PartitionSpec("clients"))
+
+        def split(a):
+            a = a.reshape((n_dev, nb // n_dev) + a.shape[1:])
+            return jax.lax.with_sharding_constraint(a, sharding)
+
+        loss, correct = jax.vmap(lambda g: jax.lax.map(one, g))(jax.tree.map(split, (xs, ys, vals)))
+    elif nb > 1:
         # each batch sliced from the rows in place: padding them to a whole number of batches
         # copied the data set (4 GB at 10^6 clients) on every call. The last batch ends at row
         # n, and rows an earlier batch already counted get weight 0.
@@ -66,20 +79,9 @@ def segment_sums(
             return loss, correct, rows(segment), vb
 
         loss, correct, segs, vals = jax.lax.map(sliced, jnp.arange(nb))
-    elif n_dev > 1:
-        xs, ys, segs, vals = padded(x), padded(y), padded(segment), padded(valid, False)
-        from jax.sharding import NamedSharding, PartitionSpec
-
-        sharding = NamedSharding(mesh, PartitionSpec("clients"))
-
-        def split(a):
-            a = a.reshape((n_dev, nb // n_dev) + a.shape[1:])
-            return jax.lax.with_sharding_constraint(a, sharding)
-
-        loss, correct = jax.vmap(lambda g: jax.lax.map(one, g))(jax.tree.map(split, (xs, ys, vals)))
-    else:  # one batch holds every row: nothing to pad
-        segs, vals = padded(segment), padded(valid, False)
-        loss, correct = one((padded(x)[0], padded(y)[0], vals[0]))
+    else:  # one batch holds every row
+        segs, vals = segment, valid
+        loss, correct = one((x, y, valid))
     flat_segs, w = segs.reshape(-1), vals.reshape(-1).astype(jnp.float32)
     return (
         jax.ops.segment_sum(loss.reshape(-1), flat_segs, num_segments),
