@@ -9,7 +9,7 @@
     fedjax-sel sweep FILE.toml --out DIR            # strategies x settings x seeds, compared
     fedjax-sel compare DIR... --baseline NAME --out DIR
     fedjax-sel suite FILE.toml --out DIR            # the selection benchmark: leaderboard
-    fedjax-sel bench throughput|kernels|sweep|scale|workloads ...   # JSON + printed table
+    fedjax-sel bench throughput|kernels|sweep|grid|scale|workloads ...   # JSON + table
     fedjax-sel reproduce NAME --profile paper|code --size cpu|paper --seeds N --out DIR
 
 ``run``'s flags are generated from :class:`fedjax_sel.config.RunConfig` (one flag per field);
@@ -127,14 +127,18 @@ def cmd_sweep(a: argparse.Namespace) -> int:
 
     out = Path(a.out or f"runs/sweep-{Path(a.file).stem}")
     together = _seeds_together(a.seeds_together)
+    spec = _spec_with_overrides(a, "sweep")
     run_sweep(
-        _spec_with_overrides(a, "sweep"),
+        spec,
         out,
         seeds_together=together,
         progress=not a.no_progress,
         compare_results=not a.no_compare,
     )
-    print(f"\nsweep written to {out}/ (runs/, comparison.json, comparison.md, comparison.png)")
+    tuned = ", tuning.json, tuned/" if "tune" in spec.get("sweep", {}) else ""
+    print(
+        f"\nsweep written to {out}/ (runs/, comparison.json, comparison.md, comparison.png{tuned})"
+    )
     return 0
 
 
@@ -299,6 +303,14 @@ def cmd_bench(a: argparse.Namespace) -> int:
             clients=a.clients[0] if a.clients else None,
             out=a.out,
         )
+    elif a.what == "grid":
+        rows = bench.grid_main(
+            models=a.model,
+            rounds=a.rounds or 20,
+            seeds=a.seeds[0] if a.seeds else 4,
+            seeds_together=_seeds_together(a.seeds_together or "auto"),
+            out=a.out,
+        )
     elif a.what == "sweep":
         rows = bench.sweep_main(
             models=a.model,
@@ -460,7 +472,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="throughput, kernel and sweep benchmarks (JSON + table)")
     p.add_argument(
-        "what", choices=("throughput", "kernels", "sweep", "phases", "scale", "workloads")
+        "what",
+        choices=("throughput", "kernels", "sweep", "grid", "phases", "scale", "workloads"),
     )
     p.add_argument(
         "--workload",
@@ -475,7 +488,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-examples", type=int, default=20, help="scale: examples per client at most"
     )
-    p.add_argument("--model", action="append", help="throughput/sweep: logreg, mlp, cnn, lstm")
+    p.add_argument("--model", action="append", help="throughput/sweep/grid: logreg, mlp, cnn, lstm")
     p.add_argument("--per-round", type=int, action="append", help="throughput: clients per round")
     p.add_argument(
         "--mode",
@@ -514,7 +527,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--kernel", action="append", help="kernels: names (default all)")
     p.add_argument("--clients", type=int, action="append", help="kernels/scale: K values")
-    p.add_argument("--seeds", type=int, action="append", help="sweep: seeds together (1 4 16)")
+    p.add_argument(
+        "--seeds", type=int, action="append", help="sweep: seeds together (1 4 16); grid: seeds"
+    )
+    p.add_argument(
+        "--seeds-together", default=None, help="grid: members per vmapped batch (default auto)"
+    )
     p.add_argument("--rounds", type=int, default=None, help="sweep (default 20), workloads")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--out", default=None, help="JSON output file")

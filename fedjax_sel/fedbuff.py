@@ -235,7 +235,7 @@ def event_step(sim, state, data) -> tuple[Any, Any]:
     inputs = RoundInputs(
         state.round, idle_clients, state.params, data.train.counts, truth, duration
     )
-    oracle = sim.oracle(data, None, k_train)
+    oracle = sim.oracle(data, None, k_train, state.hparams)
     with jax.named_scope("selection"):
         selection, strategy_state = sim.strategy.select(
             state.strategy_state, inputs, oracle, k_select
@@ -255,7 +255,9 @@ def event_step(sim, state, data) -> tuple[Any, Any]:
         params,
     )
     with jax.named_scope("local_training"):
-        result = sim.trainer(starts, data.train, arr.client, arr.valid, k_train, None, True)
+        result = sim.trainer(
+            starts, data.train, arr.client, arr.valid, k_train, None, True, hparams=state.hparams
+        )
     deltas = jax.tree.map(
         lambda p, s: jnp.where(arr.valid.reshape((-1,) + (1,) * (p.ndim - 1)), p - s, 0.0),
         result.params,
@@ -268,7 +270,7 @@ def event_step(sim, state, data) -> tuple[Any, Any]:
     full = buffered >= mode.buffer
     with jax.named_scope("server_step"):
         stepped, server_state = server_step(
-            sim.server_tx,
+            sim.server_transform(state.hparams),
             params,
             state.server_opt_state,
             jax.tree.map(lambda b: b / mode.buffer, buffer),

@@ -55,8 +55,9 @@ from fedjax_sel.system import (
     round_timing,
 )
 from fedjax_sel.training import evaluate as ev
+from fedjax_sel.training.hparams import HParams
 from fedjax_sel.training.local import LocalConfig, client_optimizer, make_trainer
-from fedjax_sel.training.server import server_optimizer, server_step, weighted_delta
+from fedjax_sel.training.server import ServerOptimizer, server_spec, server_step, weighted_delta
 from fedjax_sel.tree import stacked_norms
 
 # fold_in tags of the per-round key
@@ -84,6 +85,9 @@ class SimState:
       system_state: the system model's per-client speeds, or ``None``.
       async_state: asynchronous FL's in-flight slots and buffer
         (:class:`fedjax_sel.fedbuff.SlotsState`), or ``None`` for synchronous rounds.
+      hparams: the traced hyperparameters (:class:`~fedjax_sel.training.hparams.HParams`:
+        client and server learning rates, FedProx mu); members of a vmapped batch may differ
+        in them.
     """
 
     round: Array
@@ -98,6 +102,7 @@ class SimState:
     sim_time: Array
     system_state: Any
     async_state: Any = None
+    hparams: HParams | None = None
 
 
 class SlotTiming(NamedTuple):
@@ -146,38 +151,45 @@ class NotStackable(ConfigError):
     """The data of several seeds cannot share one compiled program (run them one by one)."""
 
 
-def stack_sim_data(parts: list[SimData]) -> SimData:
+def stack_sim_data(parts: list[SimData], pad_like: list[SimData] = ()) -> SimData:
     """The data of several simulations (one per seed) stacked on a leading axis for
     :meth:`Simulation.run_rounds_batch`; training and per-client test data are padded (see
     :func:`~fedjax_sel.data.client_data.stack_client_data`), the central test set is padded
     with a validity mask, and so are server-held sets (their sizes follow each seed's partition).
+    ``pad_like``: pad to the largest of these as well (every batch of a group one shape).
     """
+    pad_like = list(pad_like)
     if len({p.test is None for p in parts}) > 1:
         raise NotStackable("some seeds have per-client test splits and others do not")
     servers = {None if p.server_x is None else p.server_x.shape[1:] for p in parts}
     if len(servers) > 1:
         raise NotStackable(f"server-held sets of different shapes across seeds: {servers}")
     try:
-        train = stack_client_data([p.train for p in parts])
-        test = None if parts[0].test is None else stack_client_data([p.test for p in parts])
+        train = stack_client_data([p.train for p in parts], [p.train for p in pad_like])
+        test = (
+            None
+            if parts[0].test is None
+            else stack_client_data([p.test for p in parts], [p.test for p in pad_like])
+        )
     except ConfigError as e:
         raise NotStackable(str(e)) from None
 
     def pad(a: Array, m: int) -> Array:
         return jnp.pad(a, [(0, m - a.shape[0])] + [(0, 0)] * (a.ndim - 1))
 
-    def padded(arrays: list[Array]) -> tuple[Array, Array]:
+    def padded(name: str) -> tuple[Array, Array]:
         """Arrays of different lengths padded to the longest, and their validity masks."""
-        m = max(a.shape[0] for a in arrays)
+        arrays = [getattr(p, name) for p in parts]
+        m = max(getattr(p, name).shape[0] for p in [*parts, *pad_like])
         valid = jnp.stack([jnp.arange(m) < a.shape[0] for a in arrays])
         return jnp.stack([pad(a, m) for a in arrays]), valid
 
-    test_x, test_valid = padded([p.test_x for p in parts])
-    test_y, _ = padded([p.test_y for p in parts])
+    test_x, test_valid = padded("test_x")
+    test_y, _ = padded("test_y")
     server_x = server_y = server_valid = None
     if parts[0].server_x is not None:
-        server_x, server_valid = padded([p.server_x for p in parts])
-        server_y, _ = padded([p.server_y for p in parts])
+        server_x, server_valid = padded("server_x")
+        server_y, _ = padded("server_y")
     return SimData(
         train=train,
         test=test,
@@ -325,7 +337,7 @@ class Simulation:
         per_round: int,
         num_rounds: int,
         availability: AvailabilityModel | None = None,
-        server_tx: optax.GradientTransformation | None = None,
+        server_tx: ServerOptimizer | optax.GradientTransformation | None = None,
         parallel: str = "auto",
         persistent_client_state: bool = False,
         chunk_size: int = 10,
@@ -391,7 +403,9 @@ class Simulation:
         self.local = local
         self.per_round, self.num_rounds = int(per_round), int(num_rounds)
         self.availability = availability or always()
-        self.server_tx = server_tx or server_optimizer("sgd", 1.0)
+        # a ServerOptimizer's learning rate is traced (state.hparams.server_lr); a given optax
+        # transformation is used as it is
+        self.server_tx = server_tx or server_spec("sgd", 1.0)
         self.persistent_client_state = persistent_client_state
         self.chunk_size = int(chunk_size)
         self.eval_batch_size = int(eval_batch_size)
@@ -474,12 +488,33 @@ class Simulation:
             label_counts=label_counts,
         )
 
+    def default_hparams(self) -> HParams:
+        """The traced hyperparameters of the simulation's own settings."""
+        server_lr = self.server_tx.lr if isinstance(self.server_tx, ServerOptimizer) else 1.0
+        return HParams.of(self.local.lr, server_lr, self.local.prox_mu)
+
+    def server_transform(self, hparams: HParams | None) -> optax.GradientTransformation:
+        """The server optimizer at ``hparams``' (traced) server learning rate."""
+        if not isinstance(self.server_tx, ServerOptimizer):
+            return self.server_tx
+        return self.server_tx.build(None if hparams is None else hparams.server_lr)
+
     def init(
-        self, seed: int = 0, params: Params | None = None, dataset: FederatedDataset | None = None
+        self,
+        seed: int = 0,
+        params: Params | None = None,
+        dataset: FederatedDataset | None = None,
+        hparams: HParams | None = None,
     ) -> SimState:
         """The initial state: model parameters from ``seed`` (unless given), strategy and
         availability states, fresh server optimizer. ``dataset``: the seed's own data set when
-        seeds run stacked with different partitions (default: the simulation's)."""
+        seeds run stacked with different partitions (default: the simulation's). ``hparams``:
+        the traced hyperparameters of this member (default: the simulation's settings)."""
+        if hparams is not None and self.local.prox_mu == 0 and float(hparams.prox_mu) != 0:
+            raise ConfigError(
+                f"prox_mu={float(hparams.prox_mu)} needs a simulation built with prox_mu > 0 "
+                "(the proximal term is part of the compiled program)"
+            )
         base = jax.random.key(seed)
         if params is None:
             params = self.model.init(jax.random.fold_in(base, 1))
@@ -500,7 +535,7 @@ class Simulation:
             round=jnp.zeros((), jnp.int32),
             key=sim_key,
             params=params,
-            server_opt_state=self.server_tx.init(params),
+            server_opt_state=self.server_transform(None).init(params),
             strategy_state=strategy_state,
             availability_state=availability_state,
             client_opt_states=client_states,
@@ -513,11 +548,15 @@ class Simulation:
             async_state=None
             if self.asynchronous is None
             else init_slots(params, self.asynchronous.concurrency),
+            hparams=self.default_hparams() if hparams is None else hparams,
         )
 
     # ----------------------------------------------------------------------------- oracle
-    def oracle(self, data: SimData, client_opt_states=None, train_key=None) -> ClientOracle:
-        """The :class:`ClientOracle` a strategy sees (closures over the traced data)."""
+    def oracle(
+        self, data: SimData, client_opt_states=None, train_key=None, hparams=None
+    ) -> ClientOracle:
+        """The :class:`ClientOracle` a strategy sees (closures over the traced data and
+        hyperparameters)."""
         model, train_data, bs = self.model, data.train, self.eval_batch_size
 
         def loss(params, clients, key=None):
@@ -536,7 +575,9 @@ class Simulation:
             states = None
             if client_opt_states is not None:
                 states = jax.tree.map(lambda s: s[clients], client_opt_states)
-            return self.trainer(params, train_data, clients, active, key, states, False)
+            return self.trainer(
+                params, train_data, clients, active, key, states, False, hparams=hparams
+            )
 
         def server_loss(params, size=None):
             if data.server_x is None:
@@ -650,7 +691,7 @@ class Simulation:
             truth,
             None if system is None else system[0] + system[1],
         )
-        oracle = self.oracle(data, state.client_opt_states, k_train)
+        oracle = self.oracle(data, state.client_opt_states, k_train, state.hparams)
         with jax.named_scope("selection"):
             selection, strategy_state = self.strategy.select(
                 state.strategy_state, inputs, oracle, k_select
@@ -700,6 +741,7 @@ class Simulation:
                 states,
                 per_slot,
                 selection.timing.step_limit,
+                hparams=state.hparams,
             )
 
     def _aggregate_phase(
@@ -725,7 +767,7 @@ class Simulation:
             delta = weighted_delta(deltas, selection.weights, mask)
         with jax.named_scope("server_step"):
             new_params, server_state = server_step(
-                self.server_tx, params, state.server_opt_state, delta
+                self.server_transform(state.hparams), params, state.server_opt_state, delta
             )
         # A round in which nobody trained leaves the model and the server optimizer as they
         # were (momentum, Adam and weight decay would otherwise still move the model).
@@ -836,6 +878,40 @@ class Simulation:
             logs.append(jax.tree.map(lambda a, n=n: a[:n], to_host(log)))
             done += n
         return state, jax.tree.map(lambda *a: np.concatenate(a), *logs)
+
+    def time_round(
+        self, states: SimState, data: SimData | None = None, batched: bool = False, repeats: int = 3
+    ) -> float:
+        """Best-of-``repeats`` seconds of one round of ``states`` (a stacked batch when
+        ``batched``), after a call that compiles the chunk program the run itself uses; the
+        results are discarded."""
+        shared = data is None
+        data = self.data if shared else data
+        one = jnp.int32(1)
+        if batched:
+            fn = self._batched("chunk", self.chunk_size, shared)
+
+            def call():
+                return fn(states, data, one)
+
+        else:
+
+            def call():
+                return self._chunk(states, data, self.chunk_size, one)
+
+        jax.block_until_ready(call())
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            jax.block_until_ready(call())
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    def round_programs(self) -> int:
+        """How many compiled programs of a chunk of rounds this simulation holds (one per
+        chunk length and batch shape; a grid of traced hyperparameters adds none)."""
+        chunks = [self._chunk] + [f for k, f in self._batched_fns.items() if k[0] == "chunk"]
+        return sum(f._cache_size() for f in chunks)
 
     # ------------------------------------------------------------------ several seeds at once
     def _batched(self, what: str, length: int, shared: bool):

@@ -8,6 +8,7 @@ adds its kernels in a module of its own.
 """
 
 from fedjax_sel.bench.common import machine_info, print_table, write_json_rows
+from fedjax_sel.bench.grid import grid_main
 from fedjax_sel.bench.kernels import KERNEL_BENCHMARKS, kernels_main, register_kernel
 from fedjax_sel.bench.sweep import sweep_main
 from fedjax_sel.bench.throughput import throughput_main
@@ -18,6 +19,7 @@ __all__ = [
     "machine_info",
     "print_table",
     "register_kernel",
+    "grid_main",
     "sweep_main",
     "throughput_main",
     "write_json_rows",

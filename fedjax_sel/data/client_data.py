@@ -271,11 +271,14 @@ def _pad_axis(a: Array, axis: int, size: int) -> Array:
     return jnp.pad(a, widths)
 
 
-def stack_client_data(parts: Sequence[ClientData]) -> ClientData:
+def stack_client_data(
+    parts: Sequence[ClientData], pad_like: Sequence[ClientData] = ()
+) -> ClientData:
     """Client data of several simulations (one per seed) stacked on a new leading axis.
 
     Every part must hold the same number of clients with the same feature shape; example
-    storage is zero-padded to the largest part (``n_max`` is the largest client of any part).
+    storage is zero-padded to the largest part (``n_max`` is the largest client of any part),
+    or of ``pad_like`` too (every batch of a group then has one shape: one compiled program).
     Padding is never read as data: ``gather`` masks positions past a client's count and
     ``rows`` marks padded rows invalid, and minibatch positions depend on a client's own count
     only, so each member computes exactly what it computes alone.
@@ -292,11 +295,12 @@ def stack_client_data(parts: Sequence[ClientData]) -> ClientData:
             )
         if p.x_scale != first.x_scale or p.x.dtype != first.x.dtype:
             raise ConfigError("cannot stack client data stored with different dtypes or scales")
-    if len({p.layout for p in parts}) > 1:
+    if len({p.layout for p in [*parts, *pad_like]}) > 1:
         parts = [to_flat(p) for p in parts]
+        pad_like = [to_flat(p) for p in pad_like]
     layout = parts[0].layout
     axis = 1 if layout == "padded" else 0
-    size = max(p.x.shape[axis] for p in parts)
+    size = max(p.x.shape[axis] for p in [*parts, *pad_like])
     x = jnp.stack([_pad_axis(p.x, axis, size) for p in parts])
     y = jnp.stack([_pad_axis(p.y, axis, size) for p in parts])
     return ClientData(
@@ -305,6 +309,6 @@ def stack_client_data(parts: Sequence[ClientData]) -> ClientData:
         counts=jnp.stack([p.counts for p in parts]),
         offsets=jnp.stack([p.offsets for p in parts]),
         layout=layout,
-        n_max=max(p.n_max for p in parts),
+        n_max=max(p.n_max for p in [*parts, *pad_like]),
         x_scale=first.x_scale,
     )

@@ -12,7 +12,7 @@ from fedjax_sel.models import Model, make_model
 from fedjax_sel.simulation import Simulation, default_mesh
 from fedjax_sel.strategies import make_strategy
 from fedjax_sel.training.local import LocalConfig
-from fedjax_sel.training.server import server_optimizer
+from fedjax_sel.training.server import server_spec
 
 
 def load_data_for(config: RunConfig) -> FederatedDataset:
@@ -71,7 +71,7 @@ def build_simulation(
         per_round=config.per_round,
         num_rounds=config.rounds,
         availability=availability_lib.from_spec(config.availability),
-        server_tx=server_optimizer(
+        server_tx=server_spec(
             config.server,
             config.server_lr,
             momentum=config.server_momentum,

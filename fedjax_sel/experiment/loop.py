@@ -40,6 +40,7 @@ from fedjax_sel.experiment.outputs import (
     write_json,
 )
 from fedjax_sel.simulation import RoundLog
+from fedjax_sel.training.hparams import TRACED_FIELDS
 
 
 class Engine(Protocol):
@@ -426,5 +427,11 @@ def chunk_length(config: RunConfig, done: int) -> int:
 
 def program_key(config: RunConfig) -> str:
     """Configurations with the same key share one compiled program: they differ only in the
-    seed (and the data seed that follows it) and in settings that do not change results."""
-    return config.replace(seed=0, data_seed=None, label=None).results_key()
+    seed (and the data seed that follows it), in settings that do not change results, and (in
+    the global mode) in the traced hyperparameters (:class:`~fedjax_sel.training.hparams.
+    HParams`: client and server learning rates, FedProx mu as long as it stays > 0)."""
+    config = config.replace(seed=0, data_seed=None, label=None)
+    if config.mode != "personalized":
+        traced = {name: 0.0 for name in TRACED_FIELDS}
+        config = config.replace(**{**traced, "prox_mu": float(config.prox_mu > 0)})
+    return config.results_key()

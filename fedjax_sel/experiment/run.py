@@ -22,6 +22,7 @@ from fedjax_sel.base import ConfigError
 from fedjax_sel.config import RunConfig
 from fedjax_sel.data.datasets import FederatedDataset
 from fedjax_sel.distributed import is_primary, to_host
+from fedjax_sel.experiment.batching import measured_batch
 from fedjax_sel.experiment.build import build_simulation, load_data_for
 from fedjax_sel.experiment.loop import (
     Member,
@@ -45,6 +46,7 @@ from fedjax_sel.simulation import (
     stack_states,
     unstack_state,
 )
+from fedjax_sel.training.hparams import TRACED_FIELDS, HParams
 
 
 class GlobalEngine:
@@ -164,11 +166,27 @@ def batch_size(
     seeds_together: int | str, config: RunConfig, state: SimState, data_bytes: int, n: int
 ) -> int:
     """Seeds per vmapped batch: ``seeds_together``, or with ``"auto"`` as many as fit half the
-    free memory by :func:`member_bytes` (at least one, at most ``n``)."""
+    free memory by :func:`member_bytes` (at least one, at most ``n``): the bound within which
+    :func:`fedjax_sel.experiment.batching.measured_batch` then measures."""
     if seeds_together != "auto":
         return max(1, min(n, int(seeds_together)))
     per = max(member_bytes(config, state, data_bytes), 1)
     return int(max(1, min(n, _memory_budget() // per)))
+
+
+def _member_round_seconds(
+    sim: Simulation, state: SimState, datasets: list[FederatedDataset], shared: bool, b: int
+) -> float:
+    """Seconds of one round per member, ``b`` copies of ``state`` vmapped together (on the
+    first member's data padded as the group's batches are: the program the run then uses)."""
+    if b == 1:
+        data = None if shared else sim.place(SimData.of(datasets[0]))
+        return sim.time_round(state, data)
+    data = None
+    if not shared:
+        group = [SimData.of(d) for d in {id(d): d for d in datasets}.values()]
+        data = stack_sim_data([group[0]] * b, pad_like=group)
+    return sim.time_round(stack_states([state] * b), data, batched=True) / b
 
 
 def run_group(
@@ -184,10 +202,11 @@ def run_group(
     resume: bool = True,
     trace_dir: str | Path | None = None,
 ) -> list[RunResult]:
-    """Runs configurations that share one compiled program (same :func:`program_key`), their
-    seeds together: vmapped in batches of ``seeds_together`` (``"auto"``: by memory) with the
-    whole simulation state stacked on a leading seed axis. Members resume from their
-    checkpoints (``resume``); those at the same round run together.
+    """Runs configurations that share one compiled program (same :func:`program_key`: they
+    differ in seed and traced hyperparameters) together: vmapped in batches of
+    ``seeds_together`` members (``"auto"``: measured within the memory bound,
+    :mod:`.batching`) with the whole simulation state stacked on a leading member axis.
+    Members resume from their checkpoints (``resume``); those at the same round run together.
 
     Args:
       infos: extra ``config.json`` entries per member (a sweep's label and setting).
@@ -199,7 +218,10 @@ def run_group(
     for c in configs:
         c.resolve()
     if len({program_key(c) for c in configs}) > 1:
-        raise ConfigError("run_group: the configurations differ in more than their seeds")
+        raise ConfigError(
+            "run_group: the configurations differ in more than their seeds and traced "
+            "hyperparameters"
+        )
     # every program of the group is traced (and cached) under the configured precision
     with jax.default_matmul_precision(configs[0].matmul_precision):
         return _run_group(
@@ -223,8 +245,12 @@ def _run_group(
     shared = len(set(data_seeds)) == 1
     if shared:
         datasets = [dataset if dataset is not None else load_data_for(configs[0])] * len(configs)
-    else:
-        datasets = [load_data_for(c) for c in configs]
+    else:  # members differ only in seed and traced hyperparameters: one load per data seed
+        loaded: dict[int, FederatedDataset] = {}
+        for c, s in zip(configs, data_seeds, strict=True):
+            if s not in loaded:
+                loaded[s] = load_data_for(c)
+        datasets = [loaded[s] for s in data_seeds]
     sim = build_simulation(
         configs[0], datasets[0], model=model, n_max=max(d.train.n_max for d in datasets)
     )
@@ -234,7 +260,9 @@ def _run_group(
     ]
     states = []
     for m, d in zip(members, datasets, strict=True):
-        fresh = sim.init(m.config.seed, dataset=None if shared else d)
+        fresh = sim.init(
+            m.config.seed, dataset=None if shared else d, hparams=HParams.from_config(m.config)
+        )
         restored = restore_member(m, fresh, echo) if resume else None
         if restored is None and m.writes:
             m.out.mkdir(parents=True, exist_ok=True)
@@ -243,6 +271,15 @@ def _run_group(
         states.append(fresh if restored is None else restored)
     data_bytes = 0 if shared else _nbytes(datasets[0].train)
     size = batch_size(seeds_together, configs[0], states[0], data_bytes, len(members))
+    choice = None
+    if seeds_together == "auto" and len(members) > 1:
+        choice = measured_batch(
+            f"{program_key(configs[0])}/{sim.model.name}",
+            size,
+            lambda b: _member_round_seconds(sim, states[0], datasets, shared, b),
+            echo=echo,
+        )
+        size = choice.size
     batches: list[list[int]] = []
     for r in sorted({m.done for m in members}):  # members resumed at the same round together
         same = [i for i, m in enumerate(members) if m.done == r]
@@ -252,7 +289,10 @@ def _run_group(
         try:
             data = None
             if len(batch) > 1 and not shared:
-                data = stack_sim_data([SimData.of(datasets[i]) for i in batch])
+                data = stack_sim_data(
+                    [SimData.of(datasets[i]) for i in batch],
+                    pad_like=[SimData.of(d) for d in {id(d): d for d in datasets}.values()],
+                )
             parts = [batch]
         except NotStackable as e:
             echo(f"seeds run one by one: {e}")
@@ -269,7 +309,14 @@ def _run_group(
                 profile=configs[0].profile and len(part) == 1,
             )
             together = [members[i].config.seed for i in part]
+            points = [
+                {name: getattr(members[i].config, name) for name in TRACED_FIELDS} for i in part
+            ]
             for i in part:
+                if any(p != points[0] for p in points):  # grid points in one batch: say which
+                    members[i].info["hparams_vmapped"] = points
+                if choice is not None:
+                    members[i].info["batch_choice"] = choice.to_dict()
                 write_config(members[i], datasets[i], engine.describe(), together)
             if bar is not None and members[part[0]].done:
                 bar.update(members[part[0]].done * len(part))

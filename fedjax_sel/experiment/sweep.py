@@ -23,27 +23,38 @@ A sweep file (TOML or JSON) has four parts::
     [override]                # optional: set in every cell, after everything else
     rounds = 2                # (the CLI's --set rounds=2)
 
+    [sweep.tune]              # optional: each strategy picks its own point of the grid
+    metric = "final_accuracy" # chosen on this metric's mean over the tuning seeds
+    seeds = 2                 # the first 2 seeds tune (or a list); the others compare
+    axes = ["lr"]             # grid axes tuned (default: all of them)
+
     [[strategies]]
     label = "poc"
     strategy = "power_of_choice"
     strategy_args = { d = 10 }
 
 Each cell (strategy x grid point x seed) is a run folder ``OUT/runs/<setting>/<label>/seed<S>``
-written exactly as ``fedjax-sel run`` writes one. Cells that differ only in their seed share
-one compiled program and run together, vmapped over a leading seed axis of the whole
-simulation state; a finished cell (``summary.json`` of the same configuration) is never
+written exactly as ``fedjax-sel run`` writes one. Cells that differ only in their seed and in
+traced hyperparameters (learning rates, FedProx mu: :func:`~fedjax_sel.experiment.loop.
+program_key`) share one compiled program and run together, vmapped over a leading axis of the
+whole simulation state; a finished cell (``summary.json`` of the same configuration) is never
 recomputed, and an interrupted one resumes from its checkpoint. At the end the sweep writes
-``OUT/comparison.*`` (:func:`fedjax_sel.experiment.compare.compare`).
+``OUT/comparison.*`` (:func:`fedjax_sel.experiment.compare.compare`; strategies paired at each
+grid point) and, with ``[sweep.tune]``, ``OUT/tuning.json`` (every tuned point's score on the
+tuning seeds, the chosen point per strategy) and ``OUT/tuned/comparison.*``: the chosen points
+paired on the seeds that did not choose them (:func:`tuned_comparison`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import gc
 import itertools
+import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from fedjax_sel.base import ConfigError
 from fedjax_sel.config import RunConfig, read_config_file
@@ -60,6 +71,7 @@ class Cell:
     out: Path
     label: str
     setting: str = ""
+    point: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -71,6 +83,17 @@ class Sweep:
     seeds_together: int | str = "auto"
     source: dict[str, Any] = dataclasses.field(default_factory=dict)
     compare_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    tuning: Tuning | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Tuning:
+    """``[sweep.tune]``: grid ``axes`` chosen per strategy by the mean of ``metric`` over the
+    ``seeds`` that tune; the other seeds of the sweep compare the chosen points."""
+
+    metric: str
+    seeds: tuple[int, ...]
+    axes: tuple[str, ...]
 
 
 # [sweep] keys passed on to compare(): extra metrics of the comparison
@@ -98,7 +121,14 @@ def expand_sweep(spec: Mapping[str, Any], out: str | Path) -> Sweep:
     base = dict(spec.get("base", {}))
     grid = dict(spec.get("grid", {}))
     strategies = list(spec.get("strategies") or [{}])
-    bad = set(options) - {"seeds", "baseline", "seeds_together", "percent", *COMPARE_OPTIONS}
+    bad = set(options) - {
+        "seeds",
+        "baseline",
+        "seeds_together",
+        "percent",
+        "tune",
+        *COMPARE_OPTIONS,
+    }
     if bad:
         raise ConfigError(f"sweep: unknown [sweep] option(s) {sorted(bad)}")
     seeds = options.get("seeds", 5)
@@ -139,7 +169,7 @@ def expand_sweep(spec: Mapping[str, Any], out: str | Path) -> Sweep:
                     {**fields, "seed": seed, "label": label}, source="sweep"
                 ).validate()
                 where = out / "runs" / _slug(setting) / _slug(label) / f"seed{seed}"
-                cells.append(Cell(config, where, label, setting))
+                cells.append(Cell(config, where, label, setting, point))
     for c in cells:
         c.config.resolve()
     compare_options = {k: options[k] for k in COMPARE_OPTIONS if k in options}
@@ -152,7 +182,50 @@ def expand_sweep(spec: Mapping[str, Any], out: str | Path) -> Sweep:
                 f"sweep: [sweep] percent must be true or false, got {options['percent']!r}"
             )
         compare_options["percent"] = options["percent"]
-    return Sweep(cells, baseline, together, dict(spec), compare_options)
+    tuning = None if "tune" not in options else parse_tuning(options["tune"], grid, seeds)
+    return Sweep(cells, baseline, together, dict(spec), compare_options, tuning)
+
+
+def parse_tuning(tune: Any, grid: Mapping[str, list], seeds: list[int]) -> Tuning:
+    """Checks ``[sweep.tune]`` (see the module docstring) against the grid and the seeds."""
+    from fedjax_sel.experiment.compare import SUMMARY_METRICS
+
+    if not isinstance(tune, Mapping):
+        raise ConfigError(f"sweep: [sweep.tune] must be a table, got {tune!r}")
+    bad = set(tune) - {"metric", "seeds", "axes"}
+    if bad:
+        raise ConfigError(
+            f"sweep: unknown [sweep.tune] key(s) {sorted(bad)}; use metric, seeds, axes"
+        )
+    metric = tune.get("metric", "final_accuracy")
+    if not isinstance(metric, str) or not (
+        metric in SUMMARY_METRICS or metric.startswith(("accuracy@", "rounds_to:"))
+    ):
+        raise ConfigError(
+            f"sweep: [sweep.tune] metric {metric!r} is not one of {sorted(SUMMARY_METRICS)}, "
+            "accuracy@R or rounds_to:A"
+        )
+    axes = tune.get("axes", list(grid))
+    if isinstance(axes, str):
+        axes = [axes]
+    if not axes or not set(axes) <= set(grid):
+        raise ConfigError(
+            f"sweep: [sweep.tune] axes {axes!r} must be grid axes; the grid has {sorted(grid)}"
+        )
+    chosen = tune.get("seeds", max(1, len(seeds) // 2))
+    if isinstance(chosen, bool) or not isinstance(chosen, (int, list)):
+        raise ConfigError(f"sweep: [sweep.tune] seeds must be a count or a list, got {chosen!r}")
+    tuning_seeds = seeds[:chosen] if isinstance(chosen, int) else [int(x) for x in chosen]
+    unknown = sorted(set(tuning_seeds) - set(seeds))
+    if unknown:
+        raise ConfigError(f"sweep: [sweep.tune] seeds {unknown} are not seeds of the sweep {seeds}")
+    held_out = [x for x in seeds if x not in tuning_seeds]
+    if not tuning_seeds or len(held_out) < 2:
+        raise ConfigError(
+            f"sweep: [sweep.tune] needs at least one tuning seed and two others to compare on; "
+            f"seeds {seeds}, tuning seeds {tuning_seeds}"
+        )
+    return Tuning(metric, tuple(tuning_seeds), tuple(axes))
 
 
 def load_sweep(path: str | Path, out: str | Path) -> Sweep:
@@ -160,36 +233,110 @@ def load_sweep(path: str | Path, out: str | Path) -> Sweep:
     return expand_sweep(read_config_file(path), out)
 
 
-def memory_map_fraction() -> float | None:
-    """The process's memory mappings as a share of the kernel's limit (``vm.max_map_count``);
-    ``None`` where neither can be read (not Linux)."""
-    try:
-        with open("/proc/sys/vm/max_map_count") as f:
-            limit = int(f.read())
-        with open("/proc/self/maps") as f:
-            count = sum(1 for _ in f)
-    except (OSError, ValueError):
-        return None
-    return count / limit if limit > 0 else None
+def tuned_comparison(sweep: Sweep, out: str | Path, echo: Callable = print) -> dict[str, Any]:
+    """The tuned comparison of a finished sweep with ``[sweep.tune]``.
 
+    Per strategy and per setting of the untuned axes, every point of the tuned axes is scored
+    by the mean of ``metric`` over the tuning seeds (a run without the metric, e.g. diverged,
+    scores worst) and the best point is chosen (ties: the first in grid order). The chosen
+    points are then compared, paired by seed against the baseline, on the remaining seeds only:
+    no number of the comparison was seen by the choice. Writes ``OUT/tuning.json`` and
+    ``OUT/tuned/comparison.*``; returns the tuning record (with the comparison ``rows``).
+    """
+    from fedjax_sel.experiment.compare import Run, compare, higher_is_better, metric_value
+    from fedjax_sel.experiment.outputs import SUMMARY, read_json, read_metrics
 
-def release_compiled_programs(threshold: float = 0.5) -> bool:
-    """Drops JAX's compiled programs when the process's memory mappings pass ``threshold`` of
-    the kernel's limit; returns whether it did.
+    tuning = sweep.tuning
+    if tuning is None:
+        raise ConfigError("sweep: no [sweep.tune] section")
+    out = Path(out)
+    better = higher_is_better(tuning.metric)
 
-    XLA's CPU backend maps the machine code of every program it compiles, and JAX's caches keep
-    the programs of finished cells alive. A long reproduction (hundreds of cells with different
-    learning rates, each its own program) passed the default limit of 65,530 mappings, and LLVM
-    then failed (``Cannot allocate memory``) and the process crashed. Between groups of cells,
-    which share no program, dropping the caches costs nothing the next group would reuse."""
-    fraction = memory_map_fraction()
-    if fraction is None or fraction < threshold:
-        return False
-    import jax
+    def rest_of(cell: Cell) -> str:
+        return _setting_name({k: v for k, v in cell.point.items() if k not in tuning.axes})
 
-    jax.clear_caches()
-    gc.collect()
-    return True
+    def run_of(cell: Cell, setting: str) -> Run:
+        return Run(
+            cell.out,
+            cell.label,
+            setting,
+            cell.config.seed,
+            read_json(cell.out / SUMMARY),
+            read_metrics(cell.out / "metrics.jsonl"),
+        )
+
+    scores: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+    for cell in sweep.cells:
+        if cell.config.seed not in tuning.seeds:
+            continue
+        tuned = {k: cell.point[k] for k in tuning.axes}
+        entry = scores.setdefault((cell.label, rest_of(cell)), {}).setdefault(
+            _setting_name(tuned), {"point": tuned, "values": {}}
+        )
+        entry["values"][cell.config.seed] = metric_value(run_of(cell, ""), tuning.metric)
+    choices = []
+    for (label, setting), points in scores.items():
+        worst = -math.inf if better else math.inf
+        for entry in points.values():
+            finite = [v for v in entry["values"].values() if v is not None and math.isfinite(v)]
+            complete = len(finite) == len(entry["values"])
+            entry["score"] = float(np.mean(finite)) if complete else None
+        ranked = sorted(
+            points.values(),
+            key=lambda e: (worst if e["score"] is None else e["score"]) * (-1 if better else 1),
+        )
+        choices.append(
+            {
+                "strategy": label,
+                "setting": setting,
+                "chosen": ranked[0]["point"],
+                "score": ranked[0]["score"],
+                "points": [
+                    {
+                        "point": e["point"],
+                        "score": e["score"],
+                        "values": {str(k): v for k, v in e["values"].items()},
+                    }
+                    for e in points.values()
+                ],
+            }
+        )
+    chosen = {(c["strategy"], c["setting"]): c["chosen"] for c in choices}
+    runs = [
+        run_of(cell, rest_of(cell))
+        for cell in sweep.cells
+        if cell.config.seed not in tuning.seeds
+        and {k: cell.point[k] for k in tuning.axes} == chosen[(cell.label, rest_of(cell))]
+    ]
+    if any(c.config.data_seed is not None for c in sweep.cells):
+        echo(
+            "tuning note: a fixed data_seed gives every seed the same test set, so the choice "
+            "has seen the data the comparison reports; let the data seed follow the seed for a "
+            "clean hold-out"
+        )
+    for c in choices:
+        where = f" ({c['setting']})" if c["setting"] else ""
+        echo(
+            f"tuned {c['strategy']}{where}: {_setting_name(c['chosen'])} "
+            f"({tuning.metric} {c['score']} on seeds {list(tuning.seeds)})"
+        )
+    rows = compare(
+        runs=runs,
+        baseline=sweep.baseline or sweep.cells[0].label,
+        out=out / "tuned",
+        echo=echo,
+        **sweep.compare_options,
+    )
+    record = {
+        "metric": tuning.metric,
+        "higher_is_better": better,
+        "axes": list(tuning.axes),
+        "tuning_seeds": list(tuning.seeds),
+        "held_out_seeds": sorted({c.config.seed for c in sweep.cells} - set(tuning.seeds)),
+        "choices": choices,
+    }
+    write_json(out / "tuning.json", record)
+    return {**record, "rows": rows}
 
 
 def run_cells(
@@ -240,7 +387,6 @@ def run_cells(
             )
             for i, r in zip(members, out, strict=True):
                 results[i] = r
-            release_compiled_programs()
     finally:
         if bar is not None and own_bar:
             bar.close()
@@ -280,7 +426,7 @@ def run_sweep(
     run_cells(sweep.cells, seeds_together=together, progress=progress, echo=echo)
     if not compare_results:
         return []
-    return compare(
+    rows = compare(
         runs=None,
         dirs=[out / "runs"],
         baseline=sweep.baseline or sweep.cells[0].label,
@@ -288,3 +434,7 @@ def run_sweep(
         echo=echo,
         **sweep.compare_options,
     )
+    if sweep.tuning is not None:
+        echo("\ntuned comparison (each strategy at its chosen point, on held-out seeds):")
+        tuned_comparison(sweep, out, echo=echo)
+    return rows

@@ -7,6 +7,7 @@ from fedjax_sel.training.evaluate import (
     evaluate_central,
     segment_sums,
 )
+from fedjax_sel.training.hparams import HParams
 from fedjax_sel.training.local import (
     PARALLEL_MODES,
     LocalConfig,
@@ -18,7 +19,9 @@ from fedjax_sel.training.local import (
 )
 from fedjax_sel.training.server import (
     SERVER_OPTIMIZERS,
+    ServerOptimizer,
     server_optimizer,
+    server_spec,
     server_step,
     weighted_delta,
 )
@@ -26,6 +29,8 @@ from fedjax_sel.training.server import (
 __all__ = [
     "PARALLEL_MODES",
     "SERVER_OPTIMIZERS",
+    "HParams",
+    "ServerOptimizer",
     "LocalConfig",
     "auto_parallel",
     "client_batch_losses",
@@ -38,6 +43,7 @@ __all__ = [
     "parse_parallel",
     "segment_sums",
     "server_optimizer",
+    "server_spec",
     "server_step",
     "weighted_delta",
 ]

@@ -130,19 +130,21 @@ def shape_key(
     return hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:24]
 
 
-def _read_cache() -> dict:
+def read_cache(path: Path | None = None) -> dict:
+    """A measurement cache file's entries (``{}`` when missing or unreadable)."""
     try:
-        return json.loads(cache_path().read_text())
+        return json.loads((path or cache_path()).read_text())
     except (OSError, ValueError):
         return {}
 
 
-def _write_cache(key: str, choice: ParallelChoice) -> None:
-    path = cache_path()
+def write_cache(key: str, entry: dict, path: Path | None = None) -> None:
+    """Adds ``entry`` under ``key`` to a measurement cache file, atomically."""
+    path = path or cache_path()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        cache = _read_cache()
-        cache[key] = choice.to_dict()
+        cache = read_cache(path)
+        cache[key] = entry
         tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(cache, indent=1))
         tmp.replace(path)
@@ -178,7 +180,7 @@ def choose_parallel(
     params = model.init(jax.random.key(0))
     key = shape_key(model, cfg, data, per_round, persistent_state, params)
     if use_cache:
-        hit = _read_cache().get(key)
+        hit = read_cache().get(key)
         if hit is not None:
             return ParallelChoice(**{**hit, "source": "cache"})
     budget = DEFAULT_BUDGET_S if budget_s is None else float(budget_s)
@@ -238,5 +240,5 @@ def choose_parallel(
     mode, _, conv = best.partition("/")
     choice = ParallelChoice(mode, conv or model.conv_impl, "measured", timings, padded, n)
     if use_cache:
-        _write_cache(key, choice)
+        write_cache(key, choice.to_dict())
     return choice

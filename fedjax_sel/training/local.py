@@ -82,13 +82,20 @@ class LocalConfig(NamedTuple):
             raise ConfigError(f"FedProx mu must be >= 0, got {self.prox_mu!r}")
 
 
-def client_optimizer(cfg: LocalConfig) -> optax.GradientTransformation:
-    """SGD with coupled weight decay (as ``torch.optim.SGD``) and optional momentum."""
+def client_optimizer(
+    cfg: LocalConfig, lr: float | Array | None = None
+) -> optax.GradientTransformation:
+    """SGD with coupled weight decay (as ``torch.optim.SGD``) and optional momentum;
+    ``lr`` (may be traced) replaces ``cfg.lr``. Its state does not depend on ``lr``."""
     parts = []
     if cfg.weight_decay > 0:
         parts.append(optax.add_decayed_weights(cfg.weight_decay))
     parts.append(
-        optax.sgd(cfg.lr, momentum=cfg.momentum or None, nesterov=cfg.nesterov and cfg.momentum > 0)
+        optax.sgd(
+            cfg.lr if lr is None else lr,
+            momentum=cfg.momentum or None,
+            nesterov=cfg.nesterov and cfg.momentum > 0,
+        )
     )
     return optax.chain(*parts)
 
@@ -151,47 +158,52 @@ def step_positions(key: PRNGKey, count: Array, batch_size: int) -> Array:
 
 
 def make_client_update(model: Model, cfg: LocalConfig, n_max: int) -> Callable:
-    """Builds ``update(params, opt_state, data, client, key, step_limit=None) -> (params,
-    opt_state, metrics)``.
+    """Builds ``update(params, opt_state, data, client, key, step_limit=None, hparams=None)
+    -> (params, opt_state, metrics)``.
 
     ``opt_state`` may be ``None`` (a fresh optimizer state each round). ``metrics`` is
     ``(mean_loss, initial_loss, mean_loss_sq, num_steps)``. ``step_limit`` (int32 scalar):
     the client stops after that many SGD steps (a straggler cut by the round's deadline);
     its minibatches are the ones it would have drawn, so it computes a prefix of its full work.
+    ``hparams`` (:class:`~fedjax_sel.training.hparams.HParams`, may be traced): the learning
+    rate and FedProx mu to use instead of ``cfg``'s (the proximal term exists only when
+    ``cfg.prox_mu > 0``).
     """
     cfg.validate()
-    tx = client_optimizer(cfg)
     bsz = int(cfg.batch_size)
+    prox = cfg.prox_mu > 0
 
-    def objective(p, global_params, x, y, mask):
+    def objective(p, global_params, mu, x, y, mask):
         per_example = model.loss(model.apply(p, x), y)
         loss = masked_mean(per_example, mask)
         obj = loss
         if model.regularizer is not None:
             obj = obj + model.regularizer(p)
-        if cfg.prox_mu > 0:
+        if prox:
             diff = jax.tree.map(lambda a, b: a - b, p, global_params)
-            obj = obj + 0.5 * cfg.prox_mu * sq_norm(diff)
+            obj = obj + 0.5 * mu * sq_norm(diff)
         return obj, (loss, masked_mean(jnp.square(per_example), mask))
 
     grad_fn = jax.grad(objective, has_aux=True)
 
-    def sgd_step(carry, global_params, data, client, positions):
+    def sgd_step(carry, global_params, data, client, positions, tx, mu):
         p, opt_state, loss_sum, sq_sum, first_loss, steps = carry
         x, y, mask = data.gather(client, positions)
-        g, (loss, sq) = grad_fn(p, global_params, x, y, mask)
+        g, (loss, sq) = grad_fn(p, global_params, mu, x, y, mask)
         updates, opt_state = tx.update(g, opt_state, p)
         p = optax.apply_updates(p, updates)
         first_loss = jnp.where(steps == 0, loss, first_loss)
         return (p, opt_state, loss_sum + loss, sq_sum + sq, first_loss, steps + 1)
 
-    def limited_step(carry, global_params, data, client, positions, limit):
+    def limited_step(carry, global_params, data, client, positions, tx, mu, limit):
         """A step taken only while under the limit (the carry passes through after it)."""
-        new = sgd_step(carry, global_params, data, client, positions)
+        new = sgd_step(carry, global_params, data, client, positions, tx, mu)
         go = carry[-1] < limit
         return jax.tree.map(lambda a, b: jnp.where(go, a, b), new, carry)
 
-    def update(params, opt_state, data: ClientData, client, key, step_limit=None):
+    def update(params, opt_state, data: ClientData, client, key, step_limit=None, hparams=None):
+        tx = client_optimizer(cfg, None if hparams is None else hparams.lr)
+        mu = cfg.prox_mu if hparams is None else hparams.prox_mu
         if opt_state is None:
             opt_state = tx.init(params)
         count = data.counts[client]
@@ -202,8 +214,8 @@ def make_client_update(model: Model, cfg: LocalConfig, n_max: int) -> Callable:
             def body(s, c):
                 pos = step_positions(jax.random.fold_in(key, s), count, bsz)
                 if step_limit is None:
-                    return sgd_step(c, params, data, client, pos)
-                return limited_step(c, params, data, client, pos, step_limit)
+                    return sgd_step(c, params, data, client, pos, tx, mu)
+                return limited_step(c, params, data, client, pos, tx, mu, step_limit)
 
             carry = jax.lax.fori_loop(0, int(cfg.local_steps), body, carry)
         else:
@@ -220,7 +232,7 @@ def make_client_update(model: Model, cfg: LocalConfig, n_max: int) -> Callable:
 
                 def body(state):
                     b, inner = state
-                    return b + 1, sgd_step(inner, params, data, client, batches[b])
+                    return b + 1, sgd_step(inner, params, data, client, batches[b], tx, mu)
 
                 return jax.lax.while_loop(cond, body, (jnp.zeros((), jnp.int32), c))[1]
 
@@ -335,14 +347,15 @@ def make_trainer(
     mesh: jax.sharding.Mesh | None = None,
 ) -> Callable:
     """Builds ``train(params, data, clients, active, key, client_opt_states=None,
-    per_slot_params=False, step_limit=None)``.
+    per_slot_params=False, step_limit=None, hparams=None)``.
 
     Trains the listed clients (int32[P]) and returns a :class:`TrainResult` (with the slots'
     new optimizer states when ``persistent_state``). All slots start from ``params``, or, with
     ``per_slot_params``, slot i from ``params[i]`` (a pytree stacked over slots). Slots with
     ``active == False`` return their start parameters and zero metrics. Each client's
     randomness is ``fold_in(key, client_id)``. ``step_limit`` (int32[P]): slot i stops after
-    that many SGD steps (stragglers cut by a deadline).
+    that many SGD steps (stragglers cut by a deadline). ``hparams``: traced learning rate and
+    FedProx mu (:class:`~fedjax_sel.training.hparams.HParams`; default ``cfg``'s).
     """
     mode, chunk = parse_parallel(parallel)
     if mode == "auto":
@@ -359,6 +372,7 @@ def make_trainer(
         client_opt_states=None,
         per_slot_params=False,
         step_limit=None,
+        hparams=None,
     ):
         clients = jnp.asarray(clients, jnp.int32)
         keys = jax.vmap(lambda c: jax.random.fold_in(key, c))(clients)
@@ -383,7 +397,7 @@ def make_trainer(
 
         def one(client, k, *rest):
             opt_state, p0, limit = unpack(rest)
-            p, s, (loss, first, sq, steps) = update(p0, opt_state, data, client, k, limit)
+            p, s, (loss, first, sq, steps) = update(p0, opt_state, data, client, k, limit, hparams)
             return p, s, loss, first, sq, steps
 
         def skip(client, k, *rest):

@@ -8,6 +8,7 @@ rate 1 is FedAvg, SGD with momentum is FedAvgM, Adam is FedAdam.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +20,33 @@ from fedjax_sel.tree import weighted_sum
 SERVER_OPTIMIZERS = ("sgd", "momentum", "adam")
 
 
-def server_optimizer(
+class ServerOptimizer(NamedTuple):
+    """A server optimizer's settings; :meth:`build` makes the optax transformation for a
+    learning rate that may be traced (a grid of server learning rates shares one compiled
+    program, :class:`fedjax_sel.training.hparams.HParams`)."""
+
+    name: str = "sgd"
+    lr: float = 1.0
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    b1: float = 0.9
+    b2: float = 0.99
+    eps: float = 1e-3
+
+    def build(self, lr: float | Array | None = None) -> optax.GradientTransformation:
+        """The transformation with learning rate ``lr`` (default: ``self.lr``)."""
+        lr = self.lr if lr is None else lr
+        parts = [optax.add_decayed_weights(self.weight_decay)] if self.weight_decay > 0 else []
+        if self.name == "sgd":
+            parts.append(optax.sgd(lr))
+        elif self.name == "momentum":
+            parts.append(optax.sgd(lr, momentum=self.momentum))
+        else:
+            parts.append(optax.adam(lr, b1=self.b1, b2=self.b2, eps=self.eps))
+        return optax.chain(*parts)
+
+
+def server_spec(
     name: str = "sgd",
     lr: float = 1.0,
     *,
@@ -28,8 +55,8 @@ def server_optimizer(
     b1: float = 0.9,
     b2: float = 0.99,
     eps: float = 1e-3,
-) -> optax.GradientTransformation:
-    """Builds the server optimizer.
+) -> ServerOptimizer:
+    """The checked settings of a server optimizer.
 
     Args:
       name: ``sgd`` (FedAvg when ``lr == 1``), ``momentum`` (FedAvgM) or ``adam`` (FedAdam;
@@ -47,16 +74,14 @@ def server_optimizer(
         raise ConfigError(f"server learning rate must be a positive number, got {lr!r}")
     if weight_decay < 0:
         raise ConfigError(f"server weight decay must be >= 0, got {weight_decay!r}")
-    parts = [optax.add_decayed_weights(weight_decay)] if weight_decay > 0 else []
-    if name == "sgd":
-        parts.append(optax.sgd(lr))
-    elif name == "momentum":
-        if not 0 <= momentum < 1:
-            raise ConfigError(f"server momentum must lie in [0, 1), got {momentum!r}")
-        parts.append(optax.sgd(lr, momentum=momentum))
-    else:
-        parts.append(optax.adam(lr, b1=b1, b2=b2, eps=eps))
-    return optax.chain(*parts)
+    if name == "momentum" and not 0 <= momentum < 1:
+        raise ConfigError(f"server momentum must lie in [0, 1), got {momentum!r}")
+    return ServerOptimizer(name, float(lr), float(momentum), float(weight_decay), b1, b2, eps)
+
+
+def server_optimizer(name: str = "sgd", lr: float = 1.0, **kwargs) -> optax.GradientTransformation:
+    """The optax transformation of :func:`server_spec` (same arguments)."""
+    return server_spec(name, lr, **kwargs).build()
 
 
 def weighted_delta(deltas: Params, weights: Array, mask: Array) -> Params:

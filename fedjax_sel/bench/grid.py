@@ -1,0 +1,182 @@
+"""``fedjax-sel bench grid``: a learning-rate grid x seeds in one compiled program against the
+same runs one by one.
+
+Both sides run the same cells (4 client learning rates x 4 seeds of a 20-round run, each seed
+its own partition) through the product's own path (:func:`fedjax_sel.experiment.sweep.
+run_cells`): together, cells that differ only in learning rate and seed share one program and
+run vmapped (``seeds_together``, default ``auto``); separately, each cell is a run of its own.
+Reported per workload: the wall time of the whole grid including data loading and compilation
+(what a user waits for), the steady seconds per configuration-round (from each run's summary,
+its first chunk excluded), and the number of XLA compilations each way (every program the
+backend compiled, small eager operations included) and of round programs (one per vmapped
+batch shape). JAX's caches are cleared before each side so neither reuses the other's programs.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from fedjax_sel.base import ConfigError
+from fedjax_sel.bench.common import machine_info, print_table, write_json_rows
+from fedjax_sel.bench.sweep import WORKLOADS
+from fedjax_sel.config import RunConfig
+from fedjax_sel.experiment import run as run_lib
+from fedjax_sel.experiment.sweep import Cell, run_cells
+
+LEARNING_RATES = (0.01, 0.03, 0.1, 0.3)
+
+
+def grid_cells(model: str, rounds: int, seeds: int, out: Path) -> list[Cell]:
+    """The grid's cells: every learning rate x seed of ``model``'s workload."""
+    if model not in WORKLOADS:
+        raise ConfigError(f"bench grid: unknown workload {model!r}; known: {list(WORKLOADS)}")
+    cells = []
+    for lr in LEARNING_RATES:
+        for seed in range(seeds):
+            config = RunConfig(
+                **WORKLOADS[model],
+                rounds=rounds,
+                eval_every=max(1, rounds // 4),
+                local_steps=10,
+                lr=lr,
+                seed=seed,
+            ).resolve()
+            cells.append(Cell(config, out / f"lr{lr}" / f"seed{seed}", model, f"lr={lr}"))
+    return cells
+
+
+class _Compilations:
+    """Counts the backend's compilations while installed (``jax.monitoring``)."""
+
+    EVENT = "/jax/core/compile/backend_compile_duration"
+
+    def __init__(self):
+        self.count = 0
+        jax.monitoring.register_event_duration_secs_listener(self._listen)
+
+    def _listen(self, event: str, duration: float, **kwargs) -> None:
+        del duration, kwargs
+        if event == self.EVENT:
+            self.count += 1
+
+
+def _side(cells: list[Cell], together: int | str, counter: _Compilations) -> dict:
+    """Runs ``cells`` (``together``: members per vmapped batch; 1 = one by one)."""
+    jax.clear_caches()
+    groups = []
+    real = run_lib.run_group
+
+    def counting(configs, *args, **kwargs):
+        results = real(configs, *args, **kwargs)
+        sims = {id(r.simulation): r.simulation for r in results}
+        groups.extend(sim.round_programs() for sim in sims.values())
+        return results
+
+    start = counter.count
+    run_lib.run_group = counting
+    try:
+        t0 = time.perf_counter()
+        if together == 1:  # one by one: each cell a run (and a program) of its own
+            results = [r for c in cells for r in run_cells([c], progress=False, echo=_quiet)]
+        else:
+            results = run_cells(cells, seeds_together=together, progress=False, echo=_quiet)
+        wall = time.perf_counter() - t0
+    finally:
+        run_lib.run_group = real
+    steady = [1.0 / r.summary["rounds_per_second"] for r in results]
+    return {
+        "wall_s": wall,
+        "s_per_config_round": float(np.mean(steady)),
+        "programs": counter.count - start,
+        "round_programs": int(sum(groups)),
+        "final_accuracy": [r.summary.get("final_accuracy") for r in results],
+    }
+
+
+def _quiet(*args, **kwargs) -> None:
+    del args, kwargs
+
+
+def grid_main(
+    *,
+    models: list[str] | None = None,
+    rounds: int = 20,
+    seeds: int = 4,
+    seeds_together: int | str = "auto",
+    out: str | None = None,
+) -> list[dict]:
+    """Times the grid together and separately for each workload; prints a table, writes JSON."""
+    rows = []
+    info = machine_info()
+    counter = _Compilations()
+    for model in models or list(WORKLOADS):
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                cells = grid_cells(model, rounds, seeds, Path(tmp) / "together")
+                together = _side(cells, seeds_together, counter)
+            except ConfigError as e:
+                print(f"  {model}: skipped ({e})")
+                continue
+            separate = _side(grid_cells(model, rounds, seeds, Path(tmp) / "separate"), 1, counter)
+        same = np.allclose(
+            together.pop("final_accuracy"), separate.pop("final_accuracy"), atol=1e-5
+        )
+        c = cells[0].config
+        row = {
+            "model": model,
+            "dataset": c.dataset,
+            "num_clients": c.num_clients,
+            "per_round": c.per_round,
+            "learning_rates": list(LEARNING_RATES),
+            "seeds": seeds,
+            "rounds": rounds,
+            "seeds_together": seeds_together,
+            **{f"together_{k}": v for k, v in together.items()},
+            **{f"separate_{k}": v for k, v in separate.items()},
+            "programs_together": together["programs"],
+            "programs_separate": separate["programs"],
+            "wall_speedup": separate["wall_s"] / together["wall_s"],
+            "steady_speedup": separate["s_per_config_round"] / together["s_per_config_round"],
+            "final_accuracy_equal": bool(same),
+            "machine": info,
+        }
+        rows.append(row)
+        print(
+            f"  {model}: together {row['together_wall_s']:.1f} s wall, separate "
+            f"{row['separate_wall_s']:.1f} s ({row['wall_speedup']:.2f}x); steady "
+            f"{row['steady_speedup']:.2f}x; programs {row['programs_together']} vs "
+            f"{row['programs_separate']}",
+            flush=True,
+        )
+    print(f"device: {info['device_kind']} ({info['backend']}), jax {info['jax_version']}")
+    print_table(
+        [
+            dict(
+                r,
+                together_ms=r["together_s_per_config_round"] * 1e3,
+                separate_ms=r["separate_s_per_config_round"] * 1e3,
+            )
+            for r in rows
+        ],
+        [
+            ("model", "model", "{}"),
+            ("configs", "seeds", "4 lr x {} seeds"),
+            ("together wall s", "together_wall_s", "{:.1f}"),
+            ("separate wall s", "separate_wall_s", "{:.1f}"),
+            ("wall speedup", "wall_speedup", "{:.2f}x"),
+            ("together ms/config-round", "together_ms", "{:.2f}"),
+            ("separate ms/config-round", "separate_ms", "{:.2f}"),
+            ("steady speedup", "steady_speedup", "{:.2f}x"),
+            ("round programs", "together_round_programs", "{}"),
+            ("vs", "separate_round_programs", "{}"),
+            ("XLA compilations", "programs_together", "{}"),
+            ("vs", "programs_separate", "{}"),
+        ],
+    )
+    write_json_rows(out, rows)
+    return rows

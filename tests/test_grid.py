@@ -1,0 +1,180 @@
+"""Hyperparameter grids in one compiled program: learning rates, the server learning rate and
+FedProx mu are traced (:class:`fedjax_sel.training.hparams.HParams`), so the points of a grid
+run vmapped together, each equal to its separate run; ``[sweep.tune]`` chooses a point per
+strategy on tuning seeds and compares the chosen points on the other seeds."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from fedjax_sel.base import ConfigError
+from fedjax_sel.config import RunConfig
+from fedjax_sel.experiment import run as run_lib
+from fedjax_sel.experiment import run_experiment, run_group, run_sweep
+from fedjax_sel.experiment.loop import program_key
+from fedjax_sel.experiment.sweep import expand_sweep
+
+BASE = dict(
+    dataset="digits",
+    num_clients=10,
+    per_round=3,
+    rounds=4,
+    eval_every=2,
+    local_steps=3,
+    batch_size=16,
+)
+TOL = dict(rel=1e-5, abs=1e-6)  # the float reduction order of a vmapped batch (seeds alike)
+
+
+def assert_same_run(a, b):
+    assert [e["selected"] for e in a.evals] == [e["selected"] for e in b.evals]
+    for x, y in zip(a.evals, b.evals, strict=True):
+        for key in ("test_accuracy", "test_loss", "train_loss"):
+            assert x[key] == pytest.approx(y[key], **TOL), key
+
+
+def test_traced_hyperparameters_share_a_program_and_equal_separate_runs(tmp_path):
+    """Client lr, server lr (FedAvgM) and FedProx mu differ across the members of one batch;
+    every member's metrics equal its own run's, and the learning rates really act (different
+    points end with different losses)."""
+    points = [(0.05, 1.0, 0.01), (0.2, 0.5, 0.1), (0.1, 1.5, 0.3)]
+    configs = [
+        RunConfig(**BASE, lr=lr, server="momentum", server_lr=slr, prox_mu=mu, seed=s, data_seed=0)
+        for lr, slr, mu in points
+        for s in (0, 1)
+    ]
+    assert len({program_key(c) for c in configs}) == 1
+    # whether the proximal term exists is part of the program; a personalized run keeps lr
+    assert program_key(configs[0]) != program_key(configs[0].replace(prox_mu=0.0))
+    assert program_key(configs[0].replace(mode="personalized")) != program_key(
+        configs[2].replace(mode="personalized")
+    )
+    outs = [tmp_path / f"t{i}" for i in range(len(configs))]
+    together = run_group(configs, outs, seeds_together=len(configs))
+    info = json.loads((outs[0] / "config.json").read_text())
+    assert info["seeds_vmapped"] == [0, 1] * 3
+    assert [p["lr"] for p in info["hparams_vmapped"]] == [0.05, 0.05, 0.2, 0.2, 0.1, 0.1]
+    for i in (1, 2, 5):
+        assert_same_run(together[i], run_experiment(configs[i], None, progress=False))
+    finals = {round(r.evals[-1]["test_loss"], 4) for r in together[::2]}
+    assert len(finals) == 3
+
+
+GRID_SPEC = {
+    "sweep": {
+        "seeds": 4,
+        "baseline": "uniform",
+        "seeds_together": "auto",
+        "tune": {"metric": "final_accuracy", "seeds": 2},
+    },
+    "base": BASE,
+    "grid": {"lr": [0.01, 0.1, 0.3]},
+    "strategies": [
+        {"strategy": "uniform"},
+        {"strategy": "power_of_choice", "strategy_args": {"d": 6}},
+    ],
+}
+
+
+def test_a_tuned_grid_sweep_runs_one_program_per_strategy(tmp_path, monkeypatch):
+    groups = []
+    real = run_lib.run_group
+
+    def counting(configs, *args, **kwargs):
+        groups.append(sorted({(c.strategy, c.lr) for c in configs}))
+        return real(configs, *args, **kwargs)
+
+    monkeypatch.setattr(run_lib, "run_group", counting)
+    run_sweep(GRID_SPEC, tmp_path, progress=False, echo=lambda *a: None)
+    assert len(groups) == 2  # one compiled program per strategy, its 3 points x 4 seeds in it
+    assert all(len(g) == 3 for g in groups)
+
+    sweep = expand_sweep(GRID_SPEC, tmp_path)
+    cell = next(c for c in sweep.cells if c.label == "power_of_choice" and c.config.seed == 3)
+    done = run_lib.finished_result(cell.config, cell.out)
+    assert_same_run(done, run_experiment(cell.config, None, progress=False))
+
+    # the choice, recomputed from the per-seed summaries: best mean over seeds 0 and 1
+    tuning = json.loads((tmp_path / "tuning.json").read_text())
+    assert tuning["tuning_seeds"] == [0, 1] and tuning["held_out_seeds"] == [2, 3]
+
+    def final(label, lr, seed):
+        c = next(
+            c
+            for c in sweep.cells
+            if c.label == label and c.config.lr == lr and c.config.seed == seed
+        )
+        return json.loads((c.out / "summary.json").read_text())["final_accuracy"]
+
+    chosen = {}
+    for label in ("uniform", "power_of_choice"):
+        means = [np.mean([final(label, lr, s) for s in (0, 1)]) for lr in (0.01, 0.1, 0.3)]
+        chosen[label] = (0.01, 0.1, 0.3)[int(np.argmax(means))]
+        (choice,) = [c for c in tuning["choices"] if c["strategy"] == label]
+        assert choice["chosen"] == {"lr": chosen[label]}
+        assert choice["score"] == pytest.approx(max(means))
+    # the tuned comparison reads only the chosen points on the held-out seeds
+    rows = json.loads((tmp_path / "tuned" / "comparison.json").read_text())
+    row = next(
+        r for r in rows if r["strategy"] == "power_of_choice" and r["metric"] == "final_accuracy"
+    )
+    a = [final("power_of_choice", chosen["power_of_choice"], s) for s in (2, 3)]
+    b = [final("uniform", chosen["uniform"], s) for s in (2, 3)]
+    assert row["seeds"] == 2 and row["setting"] == ""
+    assert row["mean"] == pytest.approx(np.mean(a))
+    assert row["diff"] == pytest.approx(np.mean(np.subtract(a, b)))
+
+
+@pytest.mark.parametrize(
+    "tune, match",
+    [
+        ({"axes": ["momentum"]}, "must be grid axes"),
+        ({"seeds": 3}, "two others"),
+        ({"seeds": [7]}, r"seeds \[7\] are not seeds"),
+        ({"metric": "fastest"}, "metric 'fastest'"),
+        ({"metric": "final_accuracy", "rounds": 2}, "unknown"),
+    ],
+)
+def test_bad_tuning_sections_are_named(tmp_path, tune, match):
+    spec = {**GRID_SPEC, "sweep": {**GRID_SPEC["sweep"], "tune": tune}}
+    with pytest.raises(ConfigError, match=match):
+        expand_sweep(spec, tmp_path)
+
+
+def test_batch_size_is_the_fastest_measured_and_stops_when_larger_is_not_faster():
+    from fedjax_sel.experiment.batching import choose_batch, sizes_to_try
+
+    assert sizes_to_try(16) == [1, 2, 4, 8, 16] and sizes_to_try(12) == [1, 2, 4, 8, 12]
+    asked = []
+    planted = {1: 1.0, 2: 0.6, 4: 0.5, 8: 0.55, 16: 0.1}
+
+    def timing(b):
+        asked.append(b)
+        return planted[b]
+
+    choice = choose_batch(16, timing)
+    assert choice.size == 4 and 16 not in asked  # 8 is not 5% faster than 4: stop there
+    assert choice.seconds_per_member_round == {"1": 1.0, "2": 0.6, "4": 0.5, "8": 0.55}
+    # a one-off spike in the first pass does not decide: every size is timed twice
+    spikes = iter([2.0, 1.5, 0.5, 0.9])  # first pass 1, 2; second pass 1, 2
+
+    choice = choose_batch(2, lambda b: next(spikes))
+    assert choice.size == 1 and choice.seconds_per_member_round == {"1": 0.5, "2": 0.9}
+
+
+def test_measured_batch_is_recorded_cached_and_used(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDJAX_SEL_AUTOTUNE", "1")
+    configs = [RunConfig(**BASE, lr=0.1, seed=s) for s in range(4)]
+    run_group(configs, [tmp_path / f"a{s}" for s in range(4)], echo=lambda *a: None)
+    info = json.loads((tmp_path / "a0" / "config.json").read_text())
+    choice = info["batch_choice"]
+    assert choice["source"] == "measured" and choice["bound"] == 4
+    timings = choice["seconds_per_member_round"]
+    assert choice["size"] == int(min(timings, key=timings.get))
+    assert len(info["seeds_vmapped"]) == choice["size"]
+    run_group(configs, [tmp_path / f"b{s}" for s in range(4)], echo=lambda *a: None)
+    again = json.loads((tmp_path / "b0" / "config.json").read_text())["batch_choice"]
+    assert again == {**choice, "source": "cache"}
