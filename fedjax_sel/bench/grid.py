@@ -14,6 +14,10 @@ batch shape). JAX's caches are cleared before each side so neither reuses the ot
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -26,7 +30,9 @@ from fedjax_sel.bench.common import machine_info, print_table, write_json_rows
 from fedjax_sel.bench.sweep import WORKLOADS
 from fedjax_sel.config import RunConfig
 from fedjax_sel.experiment import run as run_lib
+from fedjax_sel.experiment.build import build_simulation
 from fedjax_sel.experiment.sweep import Cell, run_cells
+from fedjax_sel.training.autotune import cache_path
 
 LEARNING_RATES = (0.01, 0.03, 0.1, 0.3)
 
@@ -98,6 +104,24 @@ def _side(cells: list[Cell], together: int | str, counter: _Compilations) -> dic
     }
 
 
+@contextlib.contextmanager
+def _own_batch_cache(folder: Path):
+    """Measurement caches in ``folder`` while inside, holding a copy of the user's
+    ``--parallel auto`` choices but no batch sizes."""
+    previous = os.environ.get("FEDJAX_SEL_CACHE_DIR")
+    folder.mkdir(parents=True, exist_ok=True)
+    if cache_path().exists():
+        shutil.copy(cache_path(), folder / cache_path().name)
+    os.environ["FEDJAX_SEL_CACHE_DIR"] = str(folder)
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("FEDJAX_SEL_CACHE_DIR", None)
+        else:
+            os.environ["FEDJAX_SEL_CACHE_DIR"] = previous
+
+
 def _quiet(*args, **kwargs) -> None:
     del args, kwargs
 
@@ -110,22 +134,33 @@ def grid_main(
     seeds_together: int | str = "auto",
     out: str | None = None,
 ) -> list[dict]:
-    """Times the grid together and separately for each workload; prints a table, writes JSON."""
+    """Times the grid together and separately for each workload; prints a table, writes JSON.
+
+    With ``seeds_together="auto"`` the together side runs twice: first measuring its batch
+    size (a cache of its own, empty; ``--parallel auto``'s choice is copied in so neither side
+    pays for that), then again as a later sweep of the same shape does, reading the cached
+    batch (``together_cached_*``)."""
     rows = []
     info = machine_info()
     counter = _Compilations()
     for model in models or list(WORKLOADS):
-        with tempfile.TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory() as tmp, _own_batch_cache(Path(tmp) / "cache"):
             try:
                 cells = grid_cells(model, rounds, seeds, Path(tmp) / "together")
+                build_simulation(cells[0].config)  # --parallel auto measured (cached) here
                 together = _side(cells, seeds_together, counter)
             except ConfigError as e:
                 print(f"  {model}: skipped ({e})")
                 continue
+            cached = _side(
+                grid_cells(model, rounds, seeds, Path(tmp) / "again"), seeds_together, counter
+            )
             separate = _side(grid_cells(model, rounds, seeds, Path(tmp) / "separate"), 1, counter)
+            choice = json.loads((cells[0].out / "config.json").read_text()).get("batch_choice")
         same = np.allclose(
             together.pop("final_accuracy"), separate.pop("final_accuracy"), atol=1e-5
         )
+        cached.pop("final_accuracy")
         c = cells[0].config
         row = {
             "model": model,
@@ -136,18 +171,22 @@ def grid_main(
             "seeds": seeds,
             "rounds": rounds,
             "seeds_together": seeds_together,
+            "batch_choice": choice,
             **{f"together_{k}": v for k, v in together.items()},
+            **{f"together_cached_{k}": v for k, v in cached.items()},
             **{f"separate_{k}": v for k, v in separate.items()},
             "programs_together": together["programs"],
             "programs_separate": separate["programs"],
             "wall_speedup": separate["wall_s"] / together["wall_s"],
+            "cached_wall_speedup": separate["wall_s"] / cached["wall_s"],
             "steady_speedup": separate["s_per_config_round"] / together["s_per_config_round"],
             "final_accuracy_equal": bool(same),
             "machine": info,
         }
         rows.append(row)
         print(
-            f"  {model}: together {row['together_wall_s']:.1f} s wall, separate "
+            f"  {model}: together {row['together_wall_s']:.1f} s wall "
+            f"({row['together_cached_wall_s']:.1f} s with the batch cached), separate "
             f"{row['separate_wall_s']:.1f} s ({row['wall_speedup']:.2f}x); steady "
             f"{row['steady_speedup']:.2f}x; programs {row['programs_together']} vs "
             f"{row['programs_separate']}",
@@ -160,6 +199,7 @@ def grid_main(
                 r,
                 together_ms=r["together_s_per_config_round"] * 1e3,
                 separate_ms=r["separate_s_per_config_round"] * 1e3,
+                batch_size=(r["batch_choice"] or {}).get("size", r["seeds_together"]),
             )
             for r in rows
         ],
@@ -169,10 +209,13 @@ def grid_main(
             ("together wall s", "together_wall_s", "{:.1f}"),
             ("separate wall s", "separate_wall_s", "{:.1f}"),
             ("wall speedup", "wall_speedup", "{:.2f}x"),
+            ("cached", "cached_wall_speedup", "{:.2f}x"),
             ("together ms/config-round", "together_ms", "{:.2f}"),
             ("separate ms/config-round", "separate_ms", "{:.2f}"),
             ("steady speedup", "steady_speedup", "{:.2f}x"),
+            ("batch", "batch_size", "{}"),
             ("round programs", "together_round_programs", "{}"),
+            ("cached", "together_cached_round_programs", "{}"),
             ("vs", "separate_round_programs", "{}"),
             ("XLA compilations", "programs_together", "{}"),
             ("vs", "programs_separate", "{}"),
