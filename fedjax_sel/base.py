@@ -254,6 +254,9 @@ class Strategy(NamedTuple):
       asynchronous: the strategy can pick who starts when a slot frees up in asynchronous FL
         (:mod:`fedjax_sel.fedbuff`): its ``update`` reads only client-indexed feedback, so it
         accepts the arrivals of an event step as the "selection".
+      hyperparams: the names of the hyperparameters traced in its state
+        (:func:`fedjax_sel.strategies.hyperparams.inject_hyperparams`); a grid of them shares
+        one compiled program.
     """
 
     init: InitFn
@@ -264,6 +267,7 @@ class Strategy(NamedTuple):
     metrics: Callable[[PyTree, Params, Evaluator], dict] | None = None
     needs_system: bool = False
     asynchronous: bool = False
+    hyperparams: tuple[str, ...] = ()
 
 
 class EmptyState(NamedTuple):

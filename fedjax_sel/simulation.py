@@ -46,6 +46,7 @@ from fedjax_sel.fedbuff import FedBuff, event_step, init_slots
 from fedjax_sel.models import Model
 from fedjax_sel.models.base import with_conv_impl
 from fedjax_sel.round_log import RoundLog, round_diagnostics
+from fedjax_sel.strategies.hyperparams import with_hyperparams
 from fedjax_sel.system import (
     SystemModel,
     client_work,
@@ -505,11 +506,14 @@ class Simulation:
         params: Params | None = None,
         dataset: FederatedDataset | None = None,
         hparams: HParams | None = None,
+        strategy_hparams: dict[str, float] | None = None,
     ) -> SimState:
         """The initial state: model parameters from ``seed`` (unless given), strategy and
         availability states, fresh server optimizer. ``dataset``: the seed's own data set when
         seeds run stacked with different partitions (default: the simulation's). ``hparams``:
-        the traced hyperparameters of this member (default: the simulation's settings)."""
+        the traced hyperparameters of this member (default: the simulation's settings);
+        ``strategy_hparams``: values of the strategy's traced hyperparameters
+        (``Strategy.hyperparams``; default: those it was built with)."""
         if hparams is not None and self.local.prox_mu == 0 and float(hparams.prox_mu) != 0:
             raise ConfigError(
                 f"prox_mu={float(hparams.prox_mu)} needs a simulation built with prox_mu > 0 "
@@ -522,6 +526,7 @@ class Simulation:
         k = self.dataset.num_clients
         spec = self.spec(params, dataset)
         strategy_state = self.strategy.init(jax.random.fold_in(sim_key, 101), spec)
+        strategy_state = with_hyperparams(strategy_state, self.strategy, strategy_hparams or {})
         avail_key = jax.random.fold_in(sim_key, 102)
         if self.availability.needs_spec:
             availability_state = self.availability.init(avail_key, k, spec)

@@ -238,13 +238,15 @@ def _tiny(argv: list[str]) -> list[str] | None:
                 argv[argv.index(flag) + 1] = str(cap)
         return argv + ["--rounds", "2", "--eval-every", "1", "--no-progress"]
     if command == "sweep":
+        file = ROOT / argv[i + 1]
+        tuned = file.exists() and "[sweep.tune]" in file.read_text()  # 2 tune + 2 held out
         return argv + [
             "--set",
             "rounds=2",
             "--set",
             "eval_every=1",
             "--seeds",
-            "2",
+            "4" if tuned else "2",
             "--no-progress",
         ]
     if command == "demo":

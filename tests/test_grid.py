@@ -178,3 +178,50 @@ def test_measured_batch_is_recorded_cached_and_used(tmp_path, monkeypatch):
     run_group(configs, [tmp_path / f"b{s}" for s in range(4)], echo=lambda *a: None)
     again = json.loads((tmp_path / "b0" / "config.json").read_text())["batch_choice"]
     assert again == {**choice, "source": "cache"}
+
+
+def test_traced_strategy_hyperparameters_share_a_program_and_equal_separate_runs(tmp_path):
+    """Active FL's softmax inverse temperature alpha2 and exclusion fraction alpha1 are traced
+    in its state (inject_hyperparams): one program for the grid, each point as alone; alpha3
+    sets how many slots are soft draws (a shape) and stays in the program."""
+    base = dict(BASE, strategy="active_fl", lr=0.1, data_seed=0)
+    points = [{"alpha1": 0.5, "alpha2": 0.1}, {"alpha1": 0.0, "alpha2": 5.0}, {"alpha2": 1.0}]
+    configs = [
+        RunConfig(**base, strategy_args={**p, "alpha3": 0.25}, seed=s)
+        for p in points
+        for s in (0, 1)
+    ]
+    assert len({program_key(c) for c in configs}) == 1
+    assert program_key(configs[0]) != program_key(
+        configs[0].replace(strategy_args={"alpha2": 0.1, "alpha3": 0.5})
+    )
+    outs = [tmp_path / f"t{i}" for i in range(len(configs))]
+    together = run_group(configs, outs, seeds_together=len(configs))
+    info = json.loads((outs[0] / "config.json").read_text())
+    # the third point leaves alpha1 at the factory's default, not the first member's 0.5
+    assert [p["strategy.alpha1"] for p in info["hparams_vmapped"][::2]] == [0.5, 0.0, 0.75]
+    for i in (1, 3, 4):
+        assert_same_run(together[i], run_experiment(configs[i], None, progress=False))
+    # each member's own alpha2 scales its logits (the spread of the kept ones)
+    spreads = [r.evals[-1]["diagnostics"]["logit_spread"] for r in together[::2]]
+    assert len({round(x, 6) for x in spreads}) == 3 and min(spreads) > 0
+
+
+def test_injected_state_reads_through_and_refuses_untraced_names():
+    import jax
+
+    from fedjax_sel.base import SimSpec
+    from fedjax_sel.strategies import make_strategy
+    from fedjax_sel.strategies.hyperparams import with_hyperparams
+
+    strategy = make_strategy("hetero_select", 2, tau0=1.5, w_d=0)  # no label counts needed
+    assert strategy.hyperparams == ("eta", "gamma", "alpha", "tau0")
+    spec = SimSpec(num_clients=5, per_round=2, num_rounds=3, num_examples=np.ones(5), params={})
+    state = strategy.init(jax.random.key(0), spec)
+    assert float(state.hyperparams["tau0"]) == 1.5
+    assert state.participations.shape == (5,)  # the inner state's field, read through
+    state = with_hyperparams(state, strategy, {"tau0": 3.0})
+    assert float(state.hyperparams["tau0"]) == 3.0
+    assert float(state.hyperparams["eta"]) == np.float32(0.3)  # the default, as built
+    with pytest.raises(ConfigError, match=r"traces \['eta', 'gamma', 'alpha', 'tau0'\]"):
+        with_hyperparams(state, strategy, {"w_v": 2.0})

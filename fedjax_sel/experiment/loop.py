@@ -40,6 +40,7 @@ from fedjax_sel.experiment.outputs import (
     write_json,
 )
 from fedjax_sel.simulation import RoundLog
+from fedjax_sel.strategies.registry import traced_hyperparams, traced_values
 from fedjax_sel.training.hparams import TRACED_FIELDS
 
 
@@ -429,9 +430,23 @@ def program_key(config: RunConfig) -> str:
     """Configurations with the same key share one compiled program: they differ only in the
     seed (and the data seed that follows it), in settings that do not change results, and (in
     the global mode) in the traced hyperparameters (:class:`~fedjax_sel.training.hparams.
-    HParams`: client and server learning rates, FedProx mu as long as it stays > 0)."""
+    HParams`: client and server learning rates, FedProx mu as long as it stays > 0; and the
+    strategy's own, :func:`~fedjax_sel.strategies.hyperparams.inject_hyperparams`)."""
     config = config.replace(seed=0, data_seed=None, label=None)
     if config.mode != "personalized":
         traced = {name: 0.0 for name in TRACED_FIELDS}
-        config = config.replace(**{**traced, "prox_mu": float(config.prox_mu > 0)})
+        strategy_traced = traced_hyperparams(config.strategy)
+        args = {k: v for k, v in config.strategy_args.items() if k not in strategy_traced}
+        config = config.replace(
+            **{**traced, "prox_mu": float(config.prox_mu > 0), "strategy_args": args}
+        )
     return config.results_key()
+
+
+def traced_settings(config: RunConfig) -> dict[str, float]:
+    """The values of ``config``'s traced hyperparameters: the engine's
+    (:data:`~fedjax_sel.training.hparams.TRACED_FIELDS`) and its strategy's (prefixed
+    ``strategy.``)."""
+    out = {name: float(getattr(config, name)) for name in TRACED_FIELDS}
+    values = traced_values(config.strategy, config.strategy_args)
+    return {**out, **{f"strategy.{k}": v for k, v in values.items()}}

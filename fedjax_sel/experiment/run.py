@@ -32,6 +32,7 @@ from fedjax_sel.experiment.loop import (
     finished_result,
     program_key,
     restore_member,
+    traced_settings,
     write_config,
 )
 from fedjax_sel.experiment.outputs import CHECKPOINT, METRICS
@@ -46,7 +47,8 @@ from fedjax_sel.simulation import (
     stack_states,
     unstack_state,
 )
-from fedjax_sel.training.hparams import TRACED_FIELDS, HParams
+from fedjax_sel.strategies.registry import traced_values
+from fedjax_sel.training.hparams import HParams
 
 
 class GlobalEngine:
@@ -174,19 +176,38 @@ def batch_size(
     return int(max(1, min(n, _memory_budget() // per)))
 
 
-def _member_round_seconds(
-    sim: Simulation, state: SimState, datasets: list[FederatedDataset], shared: bool, b: int
-) -> float:
-    """Seconds of one round per member, ``b`` copies of ``state`` vmapped together (on the
-    first member's data padded as the group's batches are: the program the run then uses)."""
-    if b == 1:
-        data = None if shared else sim.place(SimData.of(datasets[0]))
-        return sim.time_round(state, data)
-    data = None
-    if not shared:
-        group = [SimData.of(d) for d in {id(d): d for d in datasets}.values()]
-        data = stack_sim_data([group[0]] * b, pad_like=group)
-    return sim.time_round(stack_states([state] * b), data, batched=True) / b
+class _GroupData:
+    """The members' data as the simulation reads it: every batch, and every member alone,
+    padded to the group's largest shapes, so all of them run one compiled program (padding is
+    masked: each member computes what it computes unpadded)."""
+
+    def __init__(self, sim: Simulation, datasets: list[FederatedDataset], shared: bool):
+        self.sim, self.datasets, self.shared = sim, datasets, shared
+        self.group = [SimData.of(d) for d in {id(d): d for d in datasets}.values()]
+
+    def batch(self, members: list[int]) -> SimData | None:
+        """Stacked data of ``members`` (``None``: shared); raises :class:`NotStackable`."""
+        if self.shared:
+            return None
+        parts = [SimData.of(self.datasets[i]) for i in members]
+        return stack_sim_data(parts, pad_like=self.group)
+
+    def alone(self, i: int) -> SimData | None:
+        if self.shared:
+            return None
+        try:
+            padded = jax.tree.map(lambda x: x[0], self.batch([i]))
+        except NotStackable:
+            padded = SimData.of(self.datasets[i])
+        return self.sim.place(padded)
+
+    def round_seconds(self, state: SimState, b: int) -> float:
+        """Seconds of one round per member, ``b`` copies of ``state`` (on the first member's
+        data) vmapped together: the program the run then uses for that batch size."""
+        if b == 1:
+            return self.sim.time_round(state, self.alone(0))
+        data = self.batch([0] * b)
+        return self.sim.time_round(stack_states([state] * b), data, batched=True) / b
 
 
 def run_group(
@@ -261,7 +282,10 @@ def _run_group(
     states = []
     for m, d in zip(members, datasets, strict=True):
         fresh = sim.init(
-            m.config.seed, dataset=None if shared else d, hparams=HParams.from_config(m.config)
+            m.config.seed,
+            dataset=None if shared else d,
+            hparams=HParams.from_config(m.config),
+            strategy_hparams=traced_values(m.config.strategy, m.config.strategy_args),
         )
         restored = restore_member(m, fresh, echo) if resume else None
         if restored is None and m.writes:
@@ -271,12 +295,13 @@ def _run_group(
         states.append(fresh if restored is None else restored)
     data_bytes = 0 if shared else _nbytes(datasets[0].train)
     size = batch_size(seeds_together, configs[0], states[0], data_bytes, len(members))
+    group = _GroupData(sim, datasets, shared)
     choice = None
     if seeds_together == "auto" and len(members) > 1:
         choice = measured_batch(
             f"{program_key(configs[0])}/{sim.model.name}",
             size,
-            lambda b: _member_round_seconds(sim, states[0], datasets, shared, b),
+            lambda b: group.round_seconds(states[0], b),
             echo=echo,
         )
         size = choice.size
@@ -287,21 +312,13 @@ def _run_group(
     results: dict[int, RunResult] = {}
     for batch in batches:
         try:
-            data = None
-            if len(batch) > 1 and not shared:
-                data = stack_sim_data(
-                    [SimData.of(datasets[i]) for i in batch],
-                    pad_like=[SimData.of(d) for d in {id(d): d for d in datasets}.values()],
-                )
+            data = group.batch(batch) if len(batch) > 1 else None
             parts = [batch]
         except NotStackable as e:
             echo(f"seeds run one by one: {e}")
             parts = [[i] for i in batch]
         for part in parts:
-            if len(part) > 1:
-                part_data = data
-            else:
-                part_data = None if shared else sim.place(SimData.of(datasets[part[0]]))
+            part_data = data if len(part) > 1 else group.alone(part[0])
             engine = GlobalEngine(
                 sim,
                 [states[i] for i in part],
@@ -309,9 +326,7 @@ def _run_group(
                 profile=configs[0].profile and len(part) == 1,
             )
             together = [members[i].config.seed for i in part]
-            points = [
-                {name: getattr(members[i].config, name) for name in TRACED_FIELDS} for i in part
-            ]
+            points = [traced_settings(members[i].config) for i in part]
             for i in part:
                 if any(p != points[0] for p in points):  # grid points in one batch: say which
                     members[i].info["hparams_vmapped"] = points

@@ -54,6 +54,7 @@ from fedjax_sel.base import Array, ConfigError, Selection, Strategy
 from fedjax_sel.kernels import gumbel_top_k, masked_softmax, uniform_without_replacement
 from fedjax_sel.kernels.boltzmann import fill_slots
 from fedjax_sel.strategies._common import check_weighting, fedavg_weights
+from fedjax_sel.strategies.hyperparams import inject_hyperparams
 from fedjax_sel.strategies.registry import register_strategy
 
 VALUATIONS = ("loss", "loss_per_sqrt_n", "train_loss")
@@ -120,6 +121,7 @@ def active_diagnostics(logits: Array, available: Array, num_soft: int) -> dict[s
 
 @register_strategy(
     "active_fl",
+    traced=("alpha1", "alpha2"),
     description="valuation-based sampling: drop the alpha1 lowest, softmax(alpha2 v), alpha3 "
     "uniform",
     reference="Goetz et al. 2019, Active Federated Learning",
@@ -166,35 +168,40 @@ def active_fl(
     check_weighting(weighting)
     num_soft = math.floor((1.0 - alpha3) * per_round + 1e-9)  # guard 0.9 * 10 = 8.999...
 
-    def init(key, spec):
-        del key
-        return ActiveFLState(jnp.full((spec.num_clients,), -jnp.inf, jnp.float32))
+    def build(alpha1, alpha2):  # floats, or traced scalars inside the round
+        def init(key, spec):
+            del key
+            return ActiveFLState(jnp.full((spec.num_clients,), -jnp.inf, jnp.float32))
 
-    def select(state: ActiveFLState, inputs, oracle, key):
-        k_soft, k_unif, k_loss = jax.random.split(key, 3)
-        if refresh == "available":  # every available client reports before the draw
-            v = valuation(valuation_kind, oracle.all_losses(inputs.params), inputs.num_examples)
-            state = ActiveFLState(jnp.where(inputs.available, v, state.values))
-        logits = active_logits(state.values, inputs.available, alpha1, alpha2)
-        soft, soft_ok = gumbel_top_k(k_soft, logits, max(num_soft, 1))
-        soft, soft_ok = soft[:num_soft], soft_ok[:num_soft]
-        taken = jnp.zeros(inputs.available.shape, bool).at[soft].max(soft_ok)
-        rest, rest_ok = uniform_without_replacement(k_unif, inputs.available & ~taken, per_round)
-        clients, mask = fill_slots(soft, soft_ok, rest, rest_ok, per_round)
-        weights = fedavg_weights(inputs.num_examples, clients, mask, weighting)
-        if valuation_kind != "train_loss" and refresh == "participants":
-            # the participants' pre-training loss of this round's model, reported with the update
-            loss = oracle.loss(inputs.params, clients, k_loss)
-            v = valuation(valuation_kind, loss, inputs.num_examples[clients])
-            idx = jnp.where(mask, clients, state.values.shape[0])
-            state = ActiveFLState(state.values.at[idx].set(v, mode="drop"))
-        diagnostics = active_diagnostics(logits, inputs.available, num_soft)
-        return Selection(clients, mask, weights, diagnostics=diagnostics), state
+        def select(state: ActiveFLState, inputs, oracle, key):
+            k_soft, k_unif, k_loss = jax.random.split(key, 3)
+            if refresh == "available":  # every available client reports before the draw
+                v = valuation(valuation_kind, oracle.all_losses(inputs.params), inputs.num_examples)
+                state = ActiveFLState(jnp.where(inputs.available, v, state.values))
+            logits = active_logits(state.values, inputs.available, alpha1, alpha2)
+            soft, soft_ok = gumbel_top_k(k_soft, logits, max(num_soft, 1))
+            soft, soft_ok = soft[:num_soft], soft_ok[:num_soft]
+            taken = jnp.zeros(inputs.available.shape, bool).at[soft].max(soft_ok)
+            rest, rest_ok = uniform_without_replacement(
+                k_unif, inputs.available & ~taken, per_round
+            )
+            clients, mask = fill_slots(soft, soft_ok, rest, rest_ok, per_round)
+            weights = fedavg_weights(inputs.num_examples, clients, mask, weighting)
+            if valuation_kind != "train_loss" and refresh == "participants":
+                # the participants' pre-training loss of this round's model, sent with the update
+                loss = oracle.loss(inputs.params, clients, k_loss)
+                v = valuation(valuation_kind, loss, inputs.num_examples[clients])
+                idx = jnp.where(mask, clients, state.values.shape[0])
+                state = ActiveFLState(state.values.at[idx].set(v, mode="drop"))
+            diagnostics = active_diagnostics(logits, inputs.available, num_soft)
+            return Selection(clients, mask, weights, diagnostics=diagnostics), state
 
-    def update(state: ActiveFLState, selection, feedback) -> ActiveFLState:
-        if valuation_kind != "train_loss":
-            return state
-        idx = jnp.where(selection.mask, selection.clients, state.values.shape[0])
-        return ActiveFLState(state.values.at[idx].set(feedback.train_loss, mode="drop"))
+        def update(state: ActiveFLState, selection, feedback) -> ActiveFLState:
+            if valuation_kind != "train_loss":
+                return state
+            idx = jnp.where(selection.mask, selection.clients, state.values.shape[0])
+            return ActiveFLState(state.values.at[idx].set(feedback.train_loss, mode="drop"))
 
-    return Strategy(init, select, update)
+        return Strategy(init, select, update)
+
+    return inject_hyperparams(build, alpha1=alpha1, alpha2=alpha2)

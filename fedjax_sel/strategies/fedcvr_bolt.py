@@ -98,6 +98,7 @@ from fedjax_sel.strategies._sketch import (
     sketch_one,
     sketch_stacked,
 )
+from fedjax_sel.strategies.hyperparams import inject_hyperparams
 from fedjax_sel.strategies.registry import register_strategy
 
 VALUE_SCALES = ("raw", "standardized")
@@ -260,6 +261,7 @@ def dominant_labels(label_counts: Array | None) -> Array | None:
 
 @register_strategy(
     "fedcvr_bolt",
+    traced=("beta",),
     description="homophily coalitions (spectral clustering) + one Boltzmann draw per coalition "
     "on the variance-reduction value vector",
     reference="Licciardi, Raineri, Proskurnikov, Rondoni, Zino 2025, Socially Inspired Coalition "
@@ -356,50 +358,55 @@ def fedcvr_bolt(
             dominant=dominant_labels(spec.label_counts),
         )
 
-    def select(state: FedCVRState, inputs, oracle, key):
-        del oracle
-        k_bolt, k_warm = jax.random.split(key)
-        bolt = select_clients(
-            k_bolt,
-            state.table,
-            state.cov,
-            inputs.available,
-            per_round=per_round,
-            beta=beta,
-            value_scale=value_scale,
-            coalitions=config,
-            fill_empty=fill_empty,
-        )
-        warm_clients, warm_mask = uniform_without_replacement(k_warm, inputs.available, per_round)
-        in_warmup = inputs.round < warmup
-        clients = jnp.where(in_warmup, warm_clients, bolt.clients)
-        mask = jnp.where(in_warmup, warm_mask, bolt.mask)
-        weights = fedavg_weights(inputs.num_examples, clients, mask, weighting)
-        diagnostics = bolt_diagnostics(
-            bolt,
-            inputs.available,
-            in_warmup,
-            per_round=per_round,
-            beta=float(beta),
-            previous_labels=state.labels,
-            dominant=state.dominant,
-        )
-        state = state._replace(labels=bolt.labels)
-        return Selection(clients, mask, weights, diagnostics=diagnostics), state
+    def build(beta):  # a float, or a traced scalar inside the round
+        def select(state: FedCVRState, inputs, oracle, key):
+            del oracle
+            k_bolt, k_warm = jax.random.split(key)
+            bolt = select_clients(
+                k_bolt,
+                state.table,
+                state.cov,
+                inputs.available,
+                per_round=per_round,
+                beta=beta,
+                value_scale=value_scale,
+                coalitions=config,
+                fill_empty=fill_empty,
+            )
+            warm_clients, warm_mask = uniform_without_replacement(
+                k_warm, inputs.available, per_round
+            )
+            in_warmup = inputs.round < warmup
+            clients = jnp.where(in_warmup, warm_clients, bolt.clients)
+            mask = jnp.where(in_warmup, warm_mask, bolt.mask)
+            weights = fedavg_weights(inputs.num_examples, clients, mask, weighting)
+            diagnostics = bolt_diagnostics(
+                bolt,
+                inputs.available,
+                in_warmup,
+                per_round=per_round,
+                beta=beta,
+                previous_labels=state.labels,
+                dominant=state.dominant,
+            )
+            state = state._replace(labels=bolt.labels)
+            return Selection(clients, mask, weights, diagnostics=diagnostics), state
 
-    def update(state: FedCVRState, selection: Selection, feedback) -> FedCVRState:
-        rows = sketch_one(feedback.params, state.coords)[None, :] + sketch_stacked(
-            feedback.deltas, state.coords
-        )
-        table, cov = observe(
-            state.table,
-            state.cov,
-            state.alpha,
-            state.labels,
-            selection.clients,
-            selection.mask,
-            rows,
-        )
-        return state._replace(table=table, cov=cov)
+        def update(state: FedCVRState, selection: Selection, feedback) -> FedCVRState:
+            rows = sketch_one(feedback.params, state.coords)[None, :] + sketch_stacked(
+                feedback.deltas, state.coords
+            )
+            table, cov = observe(
+                state.table,
+                state.cov,
+                state.alpha,
+                state.labels,
+                selection.clients,
+                selection.mask,
+                rows,
+            )
+            return state._replace(table=table, cov=cov)
 
-    return Strategy(init, select, update)
+        return Strategy(init, select, update)
+
+    return inject_hyperparams(build, beta=beta)

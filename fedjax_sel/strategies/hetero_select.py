@@ -34,6 +34,7 @@ from fedjax_sel.base import Array, ConfigError, Selection, SimSpec, Strategy
 from fedjax_sel.kernels import gumbel_top_k
 from fedjax_sel.kernels import hetero_select as hs
 from fedjax_sel.strategies._common import check_weighting, fedavg_weights
+from fedjax_sel.strategies.hyperparams import inject_hyperparams
 from fedjax_sel.strategies.registry import register_strategy
 
 SCORINGS = ("additive", "multiplicative")
@@ -137,6 +138,7 @@ def _record_loss(state: HeteroSelectState, who: Array, loss: Array) -> HeteroSel
 
 @register_strategy(
     "hetero_select",
+    traced=("eta", "gamma", "alpha", "tau0"),
     description="HeteRo-Select: additive/multiplicative multi-criteria score, softmax draw "
     "with decaying temperature",
     reference="Masud, Jahin, Hasan 2025, Stabilizing FL under Extreme Heterogeneity "
@@ -217,56 +219,60 @@ def hetero_select(
         )
     check_weighting(weighting)
     combine = hs.additive_score if scoring == "additive" else hs.multiplicative_score
-    params = dict(
-        eta=eta,
-        gamma=gamma,
-        alpha=alpha,
-        staleness_cap=staleness_cap,
-        schedule_rounds=schedule_rounds,
-        eps=eps,
-    )
 
-    def init(key, spec):
-        del key
-        return init_state(spec, needs_labels=w_d != 0, diversity_measure=diversity_measure)
-
-    def select(state, inputs, oracle, key):
-        t = inputs.round + 1
-        available = inputs.available
-        current = oracle.all_losses(inputs.params) if loss_source == "oracle" else None
-        comps = compute_components(state, t, available, current, **params)
-        scores = combine(comps, weights)
-        tau = hs.temperature(t, tau0, schedule_rounds)
-        logits = scores / tau
-        clients, mask = gumbel_top_k(key, logits, per_round, available)
-        if current is not None:  # available clients reported L_k(w_{t-1})
-            state = _record_loss(state, available, current)
-        w = fedavg_weights(inputs.num_examples, clients, mask, weighting)
-        n = jnp.maximum(jnp.sum(available), 1)
-        diagnostics = {  # eq. 12's law and each component's mean over the available clients
-            "law": hs.selection_probabilities(logits, 1.0, available),
-            "temperature": tau,
-            **{
-                f"mean_{name}": jnp.sum(jnp.where(available, value, 0.0)) / n
-                for name, value in comps._asdict().items()
-            },
-        }
-        return Selection(clients, mask, w, diagnostics=diagnostics), state
-
-    def update(state, selection, feedback):
-        k = state.participations.shape[0]
-        idx = jnp.where(selection.mask, selection.clients, k)
-        picked = jnp.zeros((k,), bool).at[idx].set(True, mode="drop")
-        state = state._replace(
-            participations=state.participations + picked.astype(jnp.int32),
-            last_round=jnp.where(picked, feedback.round + 1, state.last_round),
-            norm_sq=state.norm_sq.at[idx].set(jnp.square(feedback.update_norm), mode="drop"),
-            norm_known=state.norm_known | picked,
+    def build(eta, gamma, alpha, tau0):  # floats, or traced scalars inside the round
+        params = dict(
+            eta=eta,
+            gamma=gamma,
+            alpha=alpha,
+            staleness_cap=staleness_cap,
+            schedule_rounds=schedule_rounds,
+            eps=eps,
         )
-        if loss_source == "oracle":
-            return state
-        reported = feedback.initial_loss if loss_source == "last" else feedback.train_loss
-        per_client = jnp.zeros((k,), jnp.float32).at[idx].set(reported, mode="drop")
-        return _record_loss(state, picked, per_client)
 
-    return Strategy(init, select, update)
+        def init(key, spec):
+            del key
+            return init_state(spec, needs_labels=w_d != 0, diversity_measure=diversity_measure)
+
+        def select(state, inputs, oracle, key):
+            t = inputs.round + 1
+            available = inputs.available
+            current = oracle.all_losses(inputs.params) if loss_source == "oracle" else None
+            comps = compute_components(state, t, available, current, **params)
+            scores = combine(comps, weights)
+            tau = hs.temperature(t, tau0, schedule_rounds)
+            logits = scores / tau
+            clients, mask = gumbel_top_k(key, logits, per_round, available)
+            if current is not None:  # available clients reported L_k(w_{t-1})
+                state = _record_loss(state, available, current)
+            w = fedavg_weights(inputs.num_examples, clients, mask, weighting)
+            n = jnp.maximum(jnp.sum(available), 1)
+            diagnostics = {  # eq. 12's law and each component's mean over the available clients
+                "law": hs.selection_probabilities(logits, 1.0, available),
+                "temperature": tau,
+                **{
+                    f"mean_{name}": jnp.sum(jnp.where(available, value, 0.0)) / n
+                    for name, value in comps._asdict().items()
+                },
+            }
+            return Selection(clients, mask, w, diagnostics=diagnostics), state
+
+        def update(state, selection, feedback):
+            k = state.participations.shape[0]
+            idx = jnp.where(selection.mask, selection.clients, k)
+            picked = jnp.zeros((k,), bool).at[idx].set(True, mode="drop")
+            state = state._replace(
+                participations=state.participations + picked.astype(jnp.int32),
+                last_round=jnp.where(picked, feedback.round + 1, state.last_round),
+                norm_sq=state.norm_sq.at[idx].set(jnp.square(feedback.update_norm), mode="drop"),
+                norm_known=state.norm_known | picked,
+            )
+            if loss_source == "oracle":
+                return state
+            reported = feedback.initial_loss if loss_source == "last" else feedback.train_loss
+            per_client = jnp.zeros((k,), jnp.float32).at[idx].set(reported, mode="drop")
+            return _record_loss(state, picked, per_client)
+
+        return Strategy(init, select, update)
+
+    return inject_hyperparams(build, eta=eta, gamma=gamma, alpha=alpha, tau0=tau0)

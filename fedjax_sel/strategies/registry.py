@@ -17,10 +17,35 @@ StrategyEntry = Entry
 
 
 def register_strategy(
-    name: str, *, description: str, reference: str = "", replace: bool = False
+    name: str,
+    *,
+    description: str,
+    reference: str = "",
+    replace: bool = False,
+    traced: tuple[str, ...] = (),
 ) -> Callable:
-    """Decorator registering a strategy factory under ``name`` (see :class:`Registry`)."""
-    return STRATEGIES.register(name, description=description, reference=reference, replace=replace)
+    """Decorator registering a strategy factory under ``name`` (see :class:`Registry`).
+    ``traced``: the hyperparameters the factory traces through its state
+    (:func:`fedjax_sel.strategies.hyperparams.inject_hyperparams`)."""
+    return STRATEGIES.register(
+        name, description=description, reference=reference, replace=replace, traced=tuple(traced)
+    )
+
+
+def traced_hyperparams(name: str) -> tuple[str, ...]:
+    """The hyperparameters strategy ``name`` traces (a grid of them shares one program)."""
+    return tuple(STRATEGIES[name].info.get("traced", ()))
+
+
+def traced_values(name: str, strategy_args: dict) -> dict[str, float]:
+    """The values of strategy ``name``'s traced hyperparameters given its arguments (the
+    factory's defaults for those not given)."""
+    entry = STRATEGIES[name]
+    out = {}
+    for key in traced_hyperparams(name):
+        value = strategy_args.get(key, entry.options[key].default)
+        out[key] = float(value)
+    return out
 
 
 def make_strategy(name: str, per_round: int, **hyperparameters) -> Strategy:

@@ -1,0 +1,123 @@
+"""Strategy hyperparameters traced through the round, the way ``optax.inject_hyperparams``
+traces an optimizer's.
+
+A strategy closes over its hyperparameters, so each value would be a constant of its own
+compiled program. :func:`inject_hyperparams` keeps the numeric ones that change no shape (a
+softmax temperature, a score weight) in the strategy's state instead and rebuilds the
+strategy's functions from that state on every call: the members of a vmapped batch may then
+differ in them and one program serves a whole grid of values
+(:func:`fedjax_sel.experiment.loop.program_key` leaves them out). A strategy opts in by building
+its functions in a ``build(**traced)`` closure, after checking the values it was given::
+
+    @register_strategy("mine", description="...", traced=("temperature",))
+    def mine(*, per_round, temperature=1.0):
+        if not temperature > 0:
+            raise ConfigError(...)          # checks see the concrete values, once
+
+        def build(temperature):             # a float here, a traced scalar inside the round
+            def select(state, inputs, oracle, key): ...
+            return Strategy(init, select, update)
+
+        return inject_hyperparams(build, temperature=temperature)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax.numpy as jnp
+
+from fedjax_sel.base import Array, ConfigError, PyTree, Strategy
+
+
+class _Injected(NamedTuple):
+    hyperparams: dict[str, Array]
+    inner: PyTree
+
+
+class InjectedState(_Injected):
+    """A strategy's state with its traced hyperparameters (float32 scalars, stacked per
+    member in a vmapped batch) beside the state of the strategy built from them
+    (``hyperparams``, ``inner``). Reading any other attribute reads the inner state's, and
+    ``_replace`` of another field replaces the inner state's: code written for the strategy's
+    own state (``state.strategy_state.table``) keeps working."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def _replace(self, **changes: Any) -> InjectedState:
+        own = {k: changes.pop(k) for k in ("hyperparams", "inner") if k in changes}
+        inner = own.get("inner", self.inner)
+        if changes:
+            inner = inner._replace(**changes)
+        return InjectedState(own.get("hyperparams", self.hyperparams), inner)
+
+
+def inject_hyperparams(build: Callable[..., Strategy], **values: float) -> Strategy:
+    """The strategy ``build(**values)`` with ``values`` traced (module docstring)."""
+    template = build(**values)
+    names = tuple(values)
+
+    def rebuilt(state: InjectedState) -> Strategy:
+        return build(**state.hyperparams)
+
+    def injected(state) -> InjectedState:
+        # a bare inner state (built by hand, as tests do) runs at the values it was built with
+        if isinstance(state, InjectedState):
+            return state
+        return InjectedState({k: jnp.asarray(v, jnp.float32) for k, v in values.items()}, state)
+
+    def init(key, spec) -> InjectedState:
+        hyper = {k: jnp.asarray(v, jnp.float32) for k, v in values.items()}
+        return InjectedState(hyper, template.init(key, spec))
+
+    def select(state: InjectedState, inputs, oracle, key):
+        state = injected(state)
+        selection, inner = rebuilt(state).select(state.inner, inputs, oracle, key)
+        return selection, state._replace(inner=inner)
+
+    def update(state: InjectedState, selection, feedback) -> InjectedState:
+        state = injected(state)
+        return state._replace(inner=rebuilt(state).update(state.inner, selection, feedback))
+
+    start_params = metrics = None
+    if template.start_params is not None:
+
+        def start_params(state: InjectedState, selection, params):
+            state = injected(state)
+            return rebuilt(state).start_params(state.inner, selection, params)
+
+    if template.metrics is not None:
+
+        def metrics(state: InjectedState, params, evaluator):
+            state = injected(state)
+            return rebuilt(state).metrics(state.inner, params, evaluator)
+
+    return template._replace(
+        init=init,
+        select=select,
+        update=update,
+        start_params=start_params,
+        metrics=metrics,
+        hyperparams=names,
+    )
+
+
+def with_hyperparams(state: Any, strategy: Strategy, values: dict[str, float]) -> Any:
+    """``state`` (the strategy's initial state) with its traced hyperparameters set to
+    ``values`` (names the strategy does not trace are an error)."""
+    if not values:
+        return state
+    unknown = sorted(set(values) - set(strategy.hyperparams))
+    if unknown or not isinstance(state, InjectedState):
+        raise ConfigError(
+            f"strategy {strategy.name!r} traces {list(strategy.hyperparams)}, not {unknown}"
+        )
+    hyper = dict(state.hyperparams)
+    hyper.update({k: jnp.asarray(v, jnp.float32) for k, v in values.items()})
+    return state._replace(hyperparams=hyper)
