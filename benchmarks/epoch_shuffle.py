@@ -28,9 +28,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sel.bench.common import machine_info, print_table, time_call, write_json_rows
+from fedjax_sel.engine.state import stack_states
 from fedjax_sel.experiment.build import build_simulation
 from fedjax_sel.reproduce import ca_fed
-from fedjax_sel.simulation import stack_states
 from fedjax_sel.training import local
 
 

@@ -28,7 +28,7 @@ _EXPORTS = {
     "RunResult": "fedjax_sel.experiment",
     # the engine
     "Simulation": "fedjax_sel.simulation",
-    "SimState": "fedjax_sel.simulation",
+    "SimState": "fedjax_sel.engine.state",
     "LocalConfig": "fedjax_sel.training",
     "server_optimizer": "fedjax_sel.training",
     # the protocol

@@ -34,16 +34,13 @@ CLI: ``fedjax-sel run --async fedbuff:concurrency=C,buffer=B[,alpha=0.5] --syste
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from fedjax_sel.base import Array, ConfigError, Params, RoundFeedback, RoundInputs, Selection
+from fedjax_sel.base import Array, ConfigError, Params
 from fedjax_sel.registry import Registry
-from fedjax_sel.round_log import RoundLog, round_diagnostics
-from fedjax_sel.training.server import server_step, weighted_delta
-from fedjax_sel.tree import stacked_norms
 
 ASYNC = Registry("asynchronous mode")
 
@@ -209,152 +206,3 @@ def schedule(
 def staleness_weight(staleness: Array, alpha: float) -> Array:
     """FedBuff's ``(1 + s)^-alpha`` (``alpha = 1/2``: ``1 / sqrt(1 + s)``)."""
     return (1.0 + staleness.astype(jnp.float32)) ** (-alpha)
-
-
-def event_step(sim, state, data) -> tuple[Any, Any]:
-    """One FedBuff server update (the module docstring's steps 1-5) for a
-    :class:`~fedjax_sel.simulation.Simulation` built with ``asynchronous=FedBuff(...)``."""
-    mode: FedBuff = sim.asynchronous
-    slots: SlotsState = state.async_state
-    k_avail, k_select, k_train = sim._round_keys(state)
-    with jax.named_scope("availability"):
-        available, availability_state = sim.availability.step(state.availability_state, k_avail)
-    truth = None
-    if sim.availability.true_params is not None:
-        truth = sim.availability.true_params(availability_state)
-    with jax.named_scope("system"):
-        compute, comm, _ = sim._client_durations(state, data)
-        duration = compute + comm
-    k = data.train.num_clients
-    busy = (
-        jnp.zeros((k,), bool)
-        .at[jnp.where(jnp.isfinite(slots.finish), slots.client, k)]
-        .set(True, mode="drop")
-    )
-    idle_clients = available & ~busy
-    inputs = RoundInputs(
-        state.round, idle_clients, state.params, data.train.counts, truth, duration
-    )
-    oracle = sim.oracle(data, None, k_train, state.hparams)
-    with jax.named_scope("selection"):
-        selection, strategy_state = sim.strategy.select(
-            state.strategy_state, inputs, oracle, k_select
-        )
-    cand = selection.clients.astype(jnp.int32)
-    cand_ok = selection.mask.astype(bool) & idle_clients[cand]
-    with jax.named_scope("system"):
-        arr, new_slots, fresh, t_end = schedule(
-            slots, state.sim_time, cand, cand_ok, duration[cand], mode.buffer
-        )
-    params = state.params
-    starts = jax.tree.map(
-        lambda stored, g: jnp.where(
-            arr.fresh.reshape((-1,) + (1,) * g.ndim), g[None], stored[arr.slot]
-        ),
-        slots.start_params,
-        params,
-    )
-    with jax.named_scope("local_training"):
-        result = sim.trainer(
-            starts, data.train, arr.client, arr.valid, k_train, None, True, hparams=state.hparams
-        )
-    deltas = jax.tree.map(
-        lambda p, s: jnp.where(arr.valid.reshape((-1,) + (1,) * (p.ndim - 1)), p - s, 0.0),
-        result.params,
-        starts,
-    )
-    weights = jnp.where(arr.valid, staleness_weight(arr.staleness, mode.alpha), 0.0)
-    with jax.named_scope("aggregation"):
-        buffer = jax.tree.map(jnp.add, slots.buffer, weighted_delta(deltas, weights, arr.valid))
-        buffered = slots.buffered + jnp.sum(arr.valid)
-    full = buffered >= mode.buffer
-    with jax.named_scope("server_step"):
-        stepped, server_state = server_step(
-            sim.server_transform(state.hparams),
-            params,
-            state.server_opt_state,
-            jax.tree.map(lambda b: b / mode.buffer, buffer),
-        )
-    new_params, server_state = jax.tree.map(
-        lambda new, old: jnp.where(full, new, old),
-        (stepped, server_state),
-        (params, state.server_opt_state),
-    )
-    v = slots.model_version
-    after = new_slots.version == v + 1  # downloaded after the update
-    start_params = jax.tree.map(
-        lambda stored, old, new: jnp.where(
-            after.reshape((-1,) + (1,) * old.ndim),
-            new[None],
-            jnp.where(fresh.reshape((-1,) + (1,) * old.ndim), old[None], stored),
-        ),
-        slots.start_params,
-        params,
-        new_params,
-    )
-    new_slots = new_slots._replace(
-        start_params=start_params,
-        buffer=jax.tree.map(lambda b: jnp.where(full, jnp.zeros_like(b), b), buffer),
-        buffered=jnp.where(full, 0, buffered),
-        model_version=v + full.astype(jnp.int32),
-    )
-    arrived = Selection(arr.client, arr.valid, weights / mode.buffer)
-    norms = stacked_norms(deltas)
-    feedback = RoundFeedback(
-        round=state.round,
-        available=available,
-        params=params,
-        new_params=new_params,
-        deltas=deltas,
-        train_loss=result.loss,
-        initial_loss=result.initial_loss,
-        loss_sq=result.loss_sq,
-        update_norm=norms,
-        num_examples=jnp.where(arr.valid, data.train.counts[arr.client], 0),
-        num_steps=result.num_steps,
-        requested=arr.valid,
-        durations=jnp.where(arr.valid, duration[arr.client], 0.0),
-    )
-    with jax.named_scope("strategy_update"):
-        strategy_state = sim.strategy.update(strategy_state, arrived, feedback)
-    idx = jnp.where(arr.valid, arr.client, k)
-    counts = state.selection_counts.at[idx].add(1, mode="drop")
-    weight_sums = state.weight_sums.at[idx].add(weights / mode.buffer, mode="drop")
-    n = jnp.sum(arr.valid)
-    denom = jnp.where(n > 0, n, jnp.nan)
-    finite = jnp.all(jnp.array([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(new_params)]))
-    diagnostics = dict(selection.diagnostics or {})
-    diagnostics.update(
-        staleness_mean=jnp.sum(jnp.where(arr.valid, arr.staleness, 0)) / denom,
-        staleness_max=jnp.max(jnp.where(arr.valid, arr.staleness, 0)),
-        model_version=new_slots.model_version,
-        in_flight=jnp.sum(jnp.isfinite(new_slots.finish)),
-    )
-    log = RoundLog(
-        round=state.round,
-        clients=arr.client,
-        mask=arr.valid,
-        weights=weights / mode.buffer,
-        train_loss=jnp.sum(jnp.where(arr.valid, result.loss, 0.0)) / denom,
-        num_selected=n,
-        num_available=jnp.sum(available),
-        update_norm=jnp.sum(jnp.where(arr.valid, norms, 0.0)) / denom,
-        finite=finite,
-        diagnostics=round_diagnostics(diagnostics, idle_clients, counts),
-        duration=t_end - state.sim_time,
-        sim_time=t_end,
-        dropped=jnp.zeros((), jnp.int32),
-        stragglers=jnp.zeros((), jnp.int32),
-    )
-    state = state.replace(
-        round=state.round + 1,
-        params=new_params,
-        server_opt_state=server_state,
-        strategy_state=strategy_state,
-        availability_state=availability_state,
-        selection_counts=counts,
-        weight_sums=weight_sums,
-        sim_time=t_end,
-        async_state=new_slots,
-    )
-    return state, log

@@ -13,6 +13,7 @@ import pytest
 from fedjax_sel.availability import bernoulli
 from fedjax_sel.base import ConfigError, RoundInputs, SimSpec
 from fedjax_sel.data import load_dataset
+from fedjax_sel.engine.round import round_keys, select_phase
 from fedjax_sel.models import make_model
 from fedjax_sel.simulation import Simulation
 from fedjax_sel.strategies import make_strategy
@@ -164,8 +165,8 @@ def test_warm_start_table_and_pretrained_slots():
 
     @jax.jit
     def step(state, data):
-        _, sel, available = sim._select_phase(state, data)
-        _, _, k_train = sim._round_keys(state)
+        _, sel, available = select_phase(sim.round_spec, state, data)
+        _, _, k_train = round_keys(state)
         everyone = jnp.arange(k_count, dtype=jnp.int32)
         all_trained = sim.trainer(state.params, data.train, everyone, available, k_train)
         new_state, _ = sim.round_fn(state, data)

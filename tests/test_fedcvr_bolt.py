@@ -13,6 +13,7 @@ import pytest
 
 from fedjax_sel.base import ConfigError, RoundInputs, SimSpec
 from fedjax_sel.data import load_dataset
+from fedjax_sel.engine.round import round_keys, select_phase
 from fedjax_sel.kernels.boltzmann import sample_per_coalition, standardize_within
 from fedjax_sel.kernels.covariance import init_covariance, value_vector
 from fedjax_sel.kernels.spectral import CoalitionConfig
@@ -281,8 +282,8 @@ def test_round_in_the_engine_tracks_trained_models():
 
     @jax.jit
     def step(state, data):
-        _, sel, available = sim._select_phase(state, data)
-        _, _, k_train = sim._round_keys(state)
+        _, sel, available = select_phase(sim.round_spec, state, data)
+        _, _, k_train = round_keys(state)
         everyone = jnp.arange(k, dtype=jnp.int32)
         trained = sim.trainer(state.params, data.train, everyone, available, k_train)
         new_state, _ = sim.round_fn(state, data)

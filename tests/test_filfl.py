@@ -14,6 +14,7 @@ import pytest
 from fedjax_sel.availability import from_spec
 from fedjax_sel.base import ClientOracle, ConfigError, RoundInputs, SimSpec, TrainResult
 from fedjax_sel.data import load_dataset
+from fedjax_sel.engine.round import round_keys, select_phase
 from fedjax_sel.models import make_model
 from fedjax_sel.simulation import Simulation
 from fedjax_sel.strategies import make_strategy
@@ -308,8 +309,8 @@ def test_pretrained_slots_equal_the_rounds_own_training(digits, prox_mu, paralle
 
     @jax.jit
     def check(state, data):
-        _, sel, _ = sim._select_phase(state, data)
-        _, _, k_train = sim._round_keys(state)
+        _, sel, _ = select_phase(sim.round_spec, state, data)
+        _, _, k_train = round_keys(state)
         own = sim.trainer(state.params, data.train, sel.clients, sel.mask, k_train)
         new_state, _ = sim.round_fn(state, data)
         expect = jax.tree.map(

@@ -44,7 +44,7 @@ SCRIPT = textwrap.dedent(
     spec = getattr(jax.tree.leaves(trained.params)[0].sharding, "spec", None)
     spec = "unsharded" if not spec else str(spec[0])
     train_flops = flops(train, state.params, sim.data)
-    eval_flops = flops(lambda p, d: sim._evaluate_fn(p, None, d), state.params, sim.data)
+    eval_flops = flops(lambda p, d: sim.evaluate_fn(p, None, d), state.params, sim.data)
     np.savez(out, clients=log.clients, mask=log.mask, n_dev=len(jax.devices()),
              train_flops=train_flops, eval_flops=eval_flops, spec=spec,
              test_accuracy=scores["test_accuracy"], test_loss=scores["test_loss"],

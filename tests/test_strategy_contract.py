@@ -15,6 +15,7 @@ import pytest
 
 from fedjax_sel.availability import markov
 from fedjax_sel.data import load_dataset
+from fedjax_sel.engine.round import select_phase
 from fedjax_sel.models import make_model
 from fedjax_sel.simulation import Simulation
 from fedjax_sel.strategies import STRATEGIES, make_strategy
@@ -80,7 +81,7 @@ def test_strategy_contract(name, args, dataset):
         # the round and, beside it, its selection phase on the same state: one compiled
         # program per case instead of two
         def fn(state, data):
-            _, selection, available = sim._select_phase(state, data)
+            _, selection, available = select_phase(sim.round_spec, state, data)
             new_state, log = sim.round_fn(state, data)
             return new_state, log, selection, available
 

@@ -4,6 +4,7 @@ and every strategy under the same rules."""
 
 from __future__ import annotations
 
+import functools
 import pickle
 
 import jax
@@ -13,6 +14,7 @@ import pytest
 
 from fedjax_sel.base import ConfigError
 from fedjax_sel.data import load_dataset
+from fedjax_sel.engine.round import select_phase, train_phase
 from fedjax_sel.models import make_model
 from fedjax_sel.simulation import Simulation
 from fedjax_sel.strategies import make_strategy
@@ -162,11 +164,11 @@ def test_stragglers_contribute_their_completed_steps(digits):
     k local steps."""
     sim = _sim(digits, system=lognormal(sigma=1.0), deadline=20.0)
     state = sim.init(0)
-    state, selection, _ = jax.jit(sim._select_phase)(state, sim.data)
+    state, selection, _ = jax.jit(functools.partial(select_phase, sim.round_spec))(state, sim.data)
     t = selection.timing
     limits = np.asarray(t.step_limit)[np.asarray(selection.mask)]
     assert np.any(limits < 6), "pick a deadline that cuts somebody"
-    result = sim._train_phase(state, sim.data, selection)
+    result = train_phase(sim.round_spec, state, sim.data, selection)
     np.testing.assert_array_equal(np.asarray(result.num_steps)[np.asarray(selection.mask)], limits)
     k = int(limits.min())
     slot = int(np.flatnonzero(np.asarray(selection.mask))[np.argmin(limits)])

@@ -48,6 +48,7 @@ from fedjax_sel.models.flops import train_step_flops
 from fedjax_sel.simulation import Simulation, default_mesh
 from fedjax_sel.strategies import make_strategy
 from fedjax_sel.system import from_spec as system_from_spec
+from fedjax_sel.training.autotune import resolve_parallel
 from fedjax_sel.training.local import LocalConfig, executed_steps
 
 # model -> (input shape, classes, token inputs, default clients per round)
@@ -116,6 +117,7 @@ def dataset_of(name: str, shape, classes, xs, ys, scale) -> FederatedDataset:
 
 def _engine(model, ds, per_round, mode, local, repeats, trace=None, system=None, asynchronous=None):
     strategy = "full" if asynchronous is None else "uniform"  # asynchronous needs a picker
+    mode, choice = resolve_parallel(mode, model, local, ds.train, per_round)
     sim = Simulation(
         ds,
         model,
@@ -124,6 +126,7 @@ def _engine(model, ds, per_round, mode, local, repeats, trace=None, system=None,
         per_round=per_round,
         num_rounds=repeats + 2,
         parallel=mode,
+        parallel_choice=choice,
         chunk_size=1,
         mesh=default_mesh(),
         system=None if system is None else system_from_spec(system),
@@ -132,7 +135,7 @@ def _engine(model, ds, per_round, mode, local, repeats, trace=None, system=None,
     state = [sim.init(0)]
 
     def one_round():
-        s, _ = sim._chunk(state[0], sim.data, 1, jnp.int32(1))
+        s, _ = sim.run_chunk(state[0])
         state[0] = s
         return s.params
 

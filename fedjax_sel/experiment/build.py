@@ -11,6 +11,7 @@ from fedjax_sel.fedbuff import from_spec as async_from_spec
 from fedjax_sel.models import Model, make_model
 from fedjax_sel.simulation import Simulation, default_mesh
 from fedjax_sel.strategies import make_strategy
+from fedjax_sel.training.autotune import resolve_parallel
 from fedjax_sel.training.local import LocalConfig
 from fedjax_sel.training.server import server_spec
 
@@ -63,11 +64,21 @@ def build_simulation(
     config.resolve()
     dataset = dataset if dataset is not None else load_data_for(config)
     slots = system_lib.overcommitted(config.per_round, config.overcommit, dataset.num_clients)
+    model = model if model is not None else model_for(config, dataset)
+    local = local_config(config)
+    parallel, choice = resolve_parallel(
+        config.parallel,
+        model,
+        local,
+        dataset.train,
+        config.per_round,
+        persistent_state=config.persistent_client_state,
+    )
     return Simulation(
         dataset,
-        model if model is not None else model_for(config, dataset),
+        model,
         make_strategy(config.strategy, slots, **config.strategy_args),
-        local=local_config(config),
+        local=local,
         per_round=config.per_round,
         num_rounds=config.rounds,
         availability=availability_lib.from_spec(config.availability),
@@ -77,7 +88,8 @@ def build_simulation(
             momentum=config.server_momentum,
             weight_decay=config.server_weight_decay,
         ),
-        parallel=config.parallel,
+        parallel=parallel,
+        parallel_choice=choice,
         persistent_client_state=config.persistent_client_state,
         chunk_size=config.eval_every,
         mesh=default_mesh(),

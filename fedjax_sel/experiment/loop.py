@@ -39,7 +39,7 @@ from fedjax_sel.experiment.outputs import (
     read_metrics,
     write_json,
 )
-from fedjax_sel.simulation import RoundLog
+from fedjax_sel.round_log import RoundLog
 from fedjax_sel.strategies.registry import traced_hyperparams, traced_values
 from fedjax_sel.training.hparams import TRACED_FIELDS
 

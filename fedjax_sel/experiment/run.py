@@ -22,6 +22,14 @@ from fedjax_sel.base import ConfigError
 from fedjax_sel.config import RunConfig
 from fedjax_sel.data.datasets import FederatedDataset
 from fedjax_sel.distributed import is_primary, to_host
+from fedjax_sel.engine.state import (
+    NotStackable,
+    SimData,
+    SimState,
+    stack_sim_data,
+    stack_states,
+    unstack_state,
+)
 from fedjax_sel.experiment.batching import measured_batch
 from fedjax_sel.experiment.build import build_simulation, load_data_for
 from fedjax_sel.experiment.loop import (
@@ -38,15 +46,7 @@ from fedjax_sel.experiment.loop import (
 from fedjax_sel.experiment.outputs import CHECKPOINT, METRICS
 from fedjax_sel.experiment.personalized import run_personalized
 from fedjax_sel.models import Model
-from fedjax_sel.simulation import (
-    NotStackable,
-    SimData,
-    SimState,
-    Simulation,
-    stack_sim_data,
-    stack_states,
-    unstack_state,
-)
+from fedjax_sel.simulation import Simulation
 from fedjax_sel.strategies.registry import traced_values
 from fedjax_sel.training.hparams import HParams
 
@@ -95,19 +95,7 @@ class GlobalEngine:
 
     def compiled_texts(self) -> list[str]:
         """The compiled programs of a chunk and of the evaluation (for trace analysis)."""
-        sim, data = self.sim, self.data
-        n = jax.numpy.int32(sim.chunk_size)
-        if self.batched:
-            shared = data is None
-            d = sim.data if shared else data
-            chunk = sim._batched("chunk", sim.chunk_size, shared).lower(self.states, d, n)
-            evaluate = sim._batched("evaluate", 0, shared).lower(self.states, d)
-        else:
-            d = sim.data if data is None else data
-            chunk = sim._chunk.lower(self.states, d, sim.chunk_size, n)
-            s = self.states
-            evaluate = sim._evaluate.lower(s.params, s.strategy_state, d)
-        return [chunk.compile().as_text(), evaluate.compile().as_text()]
+        return self.sim.compiled_texts(self.states, self.data, batched=self.batched)
 
     def member_state(self, i: int) -> SimState:
         return unstack_state(self.states, i) if self.batched else self.states

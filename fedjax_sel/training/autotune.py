@@ -242,3 +242,24 @@ def choose_parallel(
     if use_cache:
         write_cache(key, choice.to_dict())
     return choice
+
+
+def resolve_parallel(
+    parallel: str,
+    model: Model,
+    cfg: LocalConfig,
+    data: ClientData,
+    per_round: int,
+    persistent_state: bool = False,
+) -> tuple[str, ParallelChoice | None]:
+    """``parallel`` with ``auto`` measured by :func:`choose_parallel`: the concrete spec to
+    build the simulation with (``mode[:chunk]``, with ``conv=...`` for a convolution model)
+    and the choice (``None`` when ``parallel`` was given). The experiment layer resolves
+    ``auto`` here, before the engine is built; the engine itself never measures."""
+    if parallel.strip().lower() != "auto":
+        return parallel, None
+    choice = choose_parallel(model, cfg, data, per_round, persistent_state=persistent_state)
+    spec = choice.parallel
+    if choice.conv_impl is not None:
+        spec += f"{',' if ':' in spec else ':'}conv={choice.conv_impl}"
+    return spec, choice
