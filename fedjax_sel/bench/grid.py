@@ -157,8 +157,8 @@ def grid_main(
             )
             separate = _side(grid_cells(model, rounds, seeds, Path(tmp) / "separate"), 1, counter)
             choice = json.loads((cells[0].out / "config.json").read_text()).get("batch_choice")
-        same = np.allclose(
-            together.pop("final_accuracy"), separate.pop("final_accuracy"), atol=1e-5
+        diff = np.abs(
+            np.subtract(together.pop("final_accuracy"), separate.pop("final_accuracy"))
         )
         cached.pop("final_accuracy")
         c = cells[0].config
@@ -180,7 +180,10 @@ def grid_main(
             "wall_speedup": separate["wall_s"] / together["wall_s"],
             "cached_wall_speedup": separate["wall_s"] / cached["wall_s"],
             "steady_speedup": separate["s_per_config_round"] / together["s_per_config_round"],
-            "final_accuracy_equal": bool(same),
+            # each grid point against its separate run: the float reduction order of the
+            # padded data a group shares can move an accuracy by a test example or two
+            "final_accuracy_max_abs_diff": float(diff.max()),
+            "final_accuracy_mean_abs_diff": float(diff.mean()),
             "machine": info,
         }
         rows.append(row)
