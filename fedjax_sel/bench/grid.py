@@ -101,6 +101,7 @@ def _side(cells: list[Cell], together: int | str, counter: _Compilations) -> dic
         "programs": counter.count - start,
         "round_programs": int(sum(groups)),
         "final_accuracy": [r.summary.get("final_accuracy") for r in results],
+        "train_loss": [r.evals[-1].get("train_loss") for r in results],
     }
 
 
@@ -157,9 +158,10 @@ def grid_main(
             )
             separate = _side(grid_cells(model, rounds, seeds, Path(tmp) / "separate"), 1, counter)
             choice = json.loads((cells[0].out / "config.json").read_text()).get("batch_choice")
-        diff = np.abs(
-            np.subtract(together.pop("final_accuracy"), separate.pop("final_accuracy"))
-        )
+        diff = np.abs(np.subtract(together.pop("final_accuracy"), separate.pop("final_accuracy")))
+        together_losses = together.pop("train_loss")
+        separate.pop("train_loss")
+        cached.pop("train_loss")
         cached.pop("final_accuracy")
         c = cells[0].config
         row = {
@@ -184,6 +186,18 @@ def grid_main(
             # padded data a group shares can move an accuracy by a test example or two
             "final_accuracy_max_abs_diff": float(diff.max()),
             "final_accuracy_mean_abs_diff": float(diff.mean()),
+            "final_accuracy_max_abs_diff_by_lr": {
+                str(lr): float(d.max())
+                for lr, d in zip(LEARNING_RATES, diff.reshape(len(LEARNING_RATES), -1), strict=True)
+            },
+            "final_train_loss_by_lr": {
+                str(lr): float(np.mean(v))
+                for lr, v in zip(
+                    LEARNING_RATES,
+                    np.reshape(together_losses, (len(LEARNING_RATES), -1)),
+                    strict=True,
+                )
+            },
             "machine": info,
         }
         rows.append(row)
