@@ -61,7 +61,7 @@ _EXPORTS = {
     "REPRODUCTIONS": "fedjax_sel.reproduce",
     "run_reproduction": "fedjax_sel.reproduce",
     "PERSONALIZED_METHODS": "fedjax_sel.personalized.methods",
-    "run_method": "fedjax_sel.personalized",
+    "run_method": "fedjax_sel.experiment.personalized",
     "PersonalizedConfig": "fedjax_sel.personalized",
 }
 

@@ -13,11 +13,11 @@ import pytest
 from fedjax_sel.base import ConfigError
 from fedjax_sel.data import from_client_arrays
 from fedjax_sel.data.datasets import FederatedDataset
+from fedjax_sel.experiment.personalized import run_method
 from fedjax_sel.models import make_model
 from fedjax_sel.personalized import (
     PersonalizedConfig,
     PersonalizedSimulation,
-    run_method,
     summary_row,
 )
 from fedjax_sel.personalized import weighting as wt

@@ -10,26 +10,43 @@ observed, ``L eta`` and whether the risk bound's premise held (``bound_premise``
 per-epoch means (:func:`epoch_diagnostics`). A round is one lazy-update period.
 
 Seeds of one configuration with one data seed reuse one built (and compiled) program: the
-programs take the seed only in ``init``.
+programs take the seed only in ``init``. :func:`run_method` is the Python shortcut: one method
+through the same loop, its records as a :class:`~fedjax_sel.personalized.results.MethodResult`.
+
+>>> ds = load_dataset("clustered_mnist", num_clients=20, num_clusters=2, transform="permute")
+>>> model = make_model("logreg", input_shape=ds.input_shape, num_classes=10)
+>>> res = run_method("sp_cacw", ds, model, epochs=30, eval_every=5)
+>>> res.mean("test_accuracy")[-1]      # mean over targets at the last evaluation
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from fedjax_sel.base import ConfigError
 from fedjax_sel.config import RunConfig
 from fedjax_sel.data.datasets import FederatedDataset
 from fedjax_sel.experiment import build as build_lib
 from fedjax_sel.experiment import loop as run_lib
 from fedjax_sel.experiment.outputs import CHECKPOINT, METRICS, dumps
 from fedjax_sel.metrics import nanmean
-from fedjax_sel.personalized.methods import build_program, epoch_steps
+from fedjax_sel.models import Model
+from fedjax_sel.personalized.methods import PERSONALIZED_METHODS, build_program, epoch_steps
+from fedjax_sel.personalized.results import (
+    ALL_METHODS,
+    MethodResult,
+    own_cluster_mass,
+    result_from_records,
+    self_weight,
+)
+from fedjax_sel.personalized.simulator import METHODS, PersonalizedConfig
 
 # (program key, data seed) -> (dataset, program): the last built programs, reused by the next
 # seed of the same configuration (a new program would compile again)
@@ -139,12 +156,10 @@ def personalized_summary(records: list[dict[str, Any]], clusters, targets) -> di
     if "weights" in records[-1]:
         w = np.asarray(records[-1]["weights"])
         ids = np.asarray(targets)
-        out["self_weight"] = float(np.mean(w[np.arange(len(ids)), ids]))
+        out["self_weight"] = float(np.mean(self_weight(w, ids)))
         out["peers_with_weight"] = float(np.mean(np.sum(w > 1e-3, axis=1)))
         if clusters is not None:
-            c = np.asarray(clusters)
-            same = c[ids][:, None] == c[None, :]
-            out["own_cluster_mass"] = float(np.mean(np.sum(np.where(same, w, 0.0), axis=1)))
+            out["own_cluster_mass"] = float(np.mean(own_cluster_mass(w, clusters, ids)))
     last = records[-1].get("per_target", {})
     if "bound_premise" in last:
         premise = np.asarray(last["bound_premise"], np.float64)
@@ -219,3 +234,90 @@ def run_personalized(
     (result,) = run_lib.drive(engine, [member], bar=bar, echo=echo)
     result.extras = {"epoch_logs": engine.logs, "program": program}
     return [result]
+
+
+def run_method(
+    method: str,
+    dataset: FederatedDataset,
+    model: Model,
+    *,
+    epochs: int,
+    eval_every: int = 1,
+    seed: int = 0,
+    targets: Sequence[int] | None = None,
+    clusters: Sequence[int] | None = None,
+    config: PersonalizedConfig | None = None,
+    num_clusters: int | None = None,
+    track_bound: bool = False,
+    label: str | None = None,
+) -> MethodResult:
+    """Runs ``method`` for ``epochs`` lazy-update periods, evaluating every ``eval_every``
+    (through the experiment layer's run loop; nothing is written).
+
+    Args:
+      method: one of :data:`ALL_METHODS`.
+      dataset, model: the federated data set (with per-client test splits) and the model.
+      epochs: periods of ``update_every`` steps (FedAvg/IFCA: rounds of that many local steps).
+      eval_every: periods between evaluations.
+      seed: the run's seed (data sampling, initial model shared by all methods).
+      targets: target client ids (all when ``None``).
+      clusters: true clusters (``oracle``; default ``dataset.info["cluster"]``).
+      config: :class:`PersonalizedConfig` (its ``method`` is overridden by ``method``); its
+        ``lr``, ``batch_size`` and ``update_every`` also drive FedAvg and IFCA.
+      num_clusters: IFCA's number of cluster models (default: the data set's true number, else 2).
+      track_bound: evaluate the bound's exact terms (peer methods; see
+        :meth:`PersonalizedSimulation.evaluate`).
+      label: display name (default ``method``).
+    """
+    if method not in ALL_METHODS:
+        raise ConfigError(f"unknown personalized method {method!r}; known: {ALL_METHODS}")
+    if not (isinstance(epochs, int) and epochs >= 1):
+        raise ConfigError(f"epochs must be a positive integer, got {epochs!r}")
+    if not (isinstance(eval_every, int) and eval_every >= 1):
+        raise ConfigError(f"eval_every must be a positive integer, got {eval_every!r}")
+    cfg = dataclasses.replace(config or PersonalizedConfig(), method="uniform")
+    cfg.validate()
+    if clusters is None:
+        clusters = dataset.info.get("cluster")
+    options: dict = {"targets": None if targets is None else tuple(int(t) for t in targets)}
+    if method in METHODS:
+        names = set(PERSONALIZED_METHODS[method].options) - {"targets", "track_bound"}
+        options.update({k: getattr(cfg, k) for k in names}, track_bound=track_bound)
+    elif method == "ifca":
+        options["num_clusters"] = num_clusters
+    t0 = time.perf_counter()
+    program = build_program(
+        method,
+        dataset,
+        model,
+        lr=cfg.lr,
+        batch_size=cfg.batch_size,
+        update_every=cfg.update_every,
+        clusters=clusters,
+        **options,
+    )
+    run = RunConfig(
+        mode="personalized",
+        strategy=method,
+        rounds=epochs,
+        eval_every=eval_every,
+        seed=seed,
+        lr=cfg.lr,
+        batch_size=cfg.batch_size,
+        local_steps=program.update_every,
+        checkpoint_every=0,
+    )
+    engine = PersonalizedEngine(program, program.init(seed), run, dataset)
+    member = run_lib.Member(run, None)
+    member.records.append({"round": 0, **engine.evaluate()[0]})
+    (result,) = run_lib.drive(engine, [member], echo=lambda *_: None)
+    return result_from_records(
+        method,
+        label or method,
+        result.evals,
+        program.target_ids,
+        program.update_every,
+        engine.logs,
+        time.perf_counter() - t0,
+        clusters,
+    )

@@ -1,17 +1,20 @@
 """Personalized mode: SP-CACW (selfish personalized learning with convergence-aware client
-weighting) and its baselines, every client a target at once (``docs/sp_cacw.md``).
+weighting) and its baselines, every client a target at once (``docs/sp_cacw.md``). The runs go
+through the experiment layer (``mode="personalized"``, or the Python shortcut
+:func:`fedjax_sel.experiment.personalized.run_method`, also ``fedjax_sel.run_method``).
 
->>> from fedjax_sel.personalized import PersonalizedConfig, run_method
+>>> from fedjax_sel import run_method
+>>> from fedjax_sel.personalized import PersonalizedConfig
 >>> res = run_method("sp_cacw", dataset, model, epochs=40, eval_every=5,
 ...                  config=PersonalizedConfig(lr=0.1), track_bound=True)
 """
 
-from fedjax_sel.personalized.experiment import (
+from fedjax_sel.personalized.methods import epoch_steps
+from fedjax_sel.personalized.results import (
     ALL_METHODS,
     MethodResult,
-    epoch_steps,
     own_cluster_mass,
-    run_method,
+    self_weight,
     summary_row,
 )
 from fedjax_sel.personalized.simulator import (
@@ -34,6 +37,6 @@ __all__ = [
     "TargetState",
     "epoch_steps",
     "own_cluster_mass",
-    "run_method",
+    "self_weight",
     "summary_row",
 ]

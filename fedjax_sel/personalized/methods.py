@@ -2,7 +2,7 @@
 model-averaging baselines, each a factory returning a :class:`PersonalizedProgram`.
 
 ``fedjax-sel run --mode personalized --strategy sp_cacw --strategy-arg solver=pgd ...`` and
-sweeps reach them through :data:`PERSONALIZED_METHODS`; :func:`fedjax_sel.personalized.run_method`
+sweeps reach them through :data:`PERSONALIZED_METHODS`; ``fedjax_sel.run_method``
 is the Python entry point. Every method counts time in local SGD steps per client: one step of
 a target, one local step of FedAvg/IFCA; a round (``rounds`` in the configuration) is one
 lazy-update period of ``update_every`` steps (default: one local epoch of the median client).

@@ -48,9 +48,9 @@ from fedjax_sel.config import RunConfig
 from fedjax_sel.data import loaders
 from fedjax_sel.experiment.compare import mean_ci, mean_curves
 from fedjax_sel.experiment.outputs import CONFIG, plot_curves, read_json, write_json
-from fedjax_sel.personalized import plots
-from fedjax_sel.personalized.experiment import result_from_records
+from fedjax_sel.personalized.results import result_from_records
 from fedjax_sel.reproduce import output_dir, register_reproduction
+from fedjax_sel.reproduce import sp_cacw_plots as plots
 from fedjax_sel.reproduce.common import Claim, Study, check_profile_size, markdown_table
 
 PARTS = ("mnist_permute", "mnist_rotate", "shakespeare", "cifar100", "ablation")

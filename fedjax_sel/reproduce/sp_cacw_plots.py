@@ -9,7 +9,7 @@ import numpy as np
 
 from fedjax_sel.experiment.outputs import subplots
 from fedjax_sel.metrics import nanmean
-from fedjax_sel.personalized.experiment import MethodResult
+from fedjax_sel.personalized.results import MethodResult
 
 
 def _finish(fig, axes, path: str | Path, title: str | None, xlabel: str) -> Path:

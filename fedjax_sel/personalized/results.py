@@ -1,9 +1,5 @@
-"""One entry point for every method of the personalized comparison, with one result type.
-
->>> ds = load_dataset("clustered_mnist", num_clients=20, num_clusters=2, transform="permute")
->>> model = make_model("logreg", input_shape=ds.input_shape, num_classes=10)
->>> res = run_method("sp_cacw", ds, model, epochs=30, eval_every=5)
->>> res.mean("test_accuracy")[-1]      # mean over targets at the last evaluation
+"""One result type for every method of the personalized comparison, and its end-of-run
+numbers (:func:`fedjax_sel.experiment.personalized.run_method` runs a method and returns one).
 
 Methods: the peer weightings of :class:`PersonalizedSimulation` (``sp_cacw``, ``local``,
 ``uniform``, ``oracle``, ``similarity``) and the model-averaging baselines (``fedavg``,
@@ -15,18 +11,12 @@ epoch of the median client by default).
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Sequence
 
 import numpy as np
 
-from fedjax_sel.base import ConfigError
-from fedjax_sel.config import RunConfig
-from fedjax_sel.data.datasets import FederatedDataset
 from fedjax_sel.metrics import nanmean
-from fedjax_sel.models import Model
-from fedjax_sel.personalized import methods
-from fedjax_sel.personalized.simulator import METHODS, EpochLog, PersonalizedConfig
+from fedjax_sel.personalized.simulator import METHODS, EpochLog
 
 ALL_METHODS = METHODS + ("fedavg", "ifca")
 
@@ -72,101 +62,6 @@ class MethodResult:
         keep = self.steps > (1.0 - tail) * last
         keep[-1] = True
         return nanmean(self.metrics[name][keep], axis=0)
-
-
-def epoch_steps(dataset: FederatedDataset, batch_size: int, update_every: int | None) -> int:
-    """Steps per lazy-update period: ``update_every``, or one epoch of the median client."""
-    return methods.epoch_steps(dataset, batch_size, update_every)
-
-
-def run_method(
-    method: str,
-    dataset: FederatedDataset,
-    model: Model,
-    *,
-    epochs: int,
-    eval_every: int = 1,
-    seed: int = 0,
-    targets: Sequence[int] | None = None,
-    clusters: Sequence[int] | None = None,
-    config: PersonalizedConfig | None = None,
-    num_clusters: int | None = None,
-    track_bound: bool = False,
-    label: str | None = None,
-) -> MethodResult:
-    """Runs ``method`` for ``epochs`` lazy-update periods, evaluating every ``eval_every``
-    (through the experiment layer's run loop; nothing is written).
-
-    Args:
-      method: one of :data:`ALL_METHODS`.
-      dataset, model: the federated data set (with per-client test splits) and the model.
-      epochs: periods of ``update_every`` steps (FedAvg/IFCA: rounds of that many local steps).
-      eval_every: periods between evaluations.
-      seed: the run's seed (data sampling, initial model shared by all methods).
-      targets: target client ids (all when ``None``).
-      clusters: true clusters (``oracle``; default ``dataset.info["cluster"]``).
-      config: :class:`PersonalizedConfig` (its ``method`` is overridden by ``method``); its
-        ``lr``, ``batch_size`` and ``update_every`` also drive FedAvg and IFCA.
-      num_clusters: IFCA's number of cluster models (default: the data set's true number, else 2).
-      track_bound: evaluate the bound's exact terms (peer methods; see
-        :meth:`PersonalizedSimulation.evaluate`).
-      label: display name (default ``method``).
-    """
-    from fedjax_sel.experiment.loop import Member, drive
-    from fedjax_sel.experiment.personalized import PersonalizedEngine
-
-    if method not in ALL_METHODS:
-        raise ConfigError(f"unknown personalized method {method!r}; known: {ALL_METHODS}")
-    if not (isinstance(epochs, int) and epochs >= 1):
-        raise ConfigError(f"epochs must be a positive integer, got {epochs!r}")
-    if not (isinstance(eval_every, int) and eval_every >= 1):
-        raise ConfigError(f"eval_every must be a positive integer, got {eval_every!r}")
-    cfg = dataclasses.replace(config or PersonalizedConfig(), method="uniform")
-    cfg.validate()
-    if clusters is None:
-        clusters = dataset.info.get("cluster")
-    options: dict = {"targets": None if targets is None else tuple(int(t) for t in targets)}
-    if method in METHODS:
-        names = set(methods.PERSONALIZED_METHODS[method].options) - {"targets", "track_bound"}
-        options.update({k: getattr(cfg, k) for k in names}, track_bound=track_bound)
-    elif method == "ifca":
-        options["num_clusters"] = num_clusters
-    t0 = time.perf_counter()
-    program = methods.build_program(
-        method,
-        dataset,
-        model,
-        lr=cfg.lr,
-        batch_size=cfg.batch_size,
-        update_every=cfg.update_every,
-        clusters=clusters,
-        **options,
-    )
-    run = RunConfig(
-        mode="personalized",
-        strategy=method,
-        rounds=epochs,
-        eval_every=eval_every,
-        seed=seed,
-        lr=cfg.lr,
-        batch_size=cfg.batch_size,
-        local_steps=program.update_every,
-        checkpoint_every=0,
-    )
-    engine = PersonalizedEngine(program, program.init(seed), run, dataset)
-    member = Member(run, None)
-    member.records.append({"round": 0, **engine.evaluate()[0]})
-    (result,) = drive(engine, [member], echo=lambda *_: None)
-    return result_from_records(
-        method,
-        label or method,
-        result.evals,
-        program.target_ids,
-        program.update_every,
-        engine.logs,
-        time.perf_counter() - t0,
-        clusters,
-    )
 
 
 def result_from_records(
