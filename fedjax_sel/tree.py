@@ -38,9 +38,18 @@ def flatten_stacked(stacked: Params) -> Array:
     return jnp.concatenate([x.reshape(n, -1).astype(jnp.float32) for x in leaves], axis=1)
 
 
+def row_mask(mask: Array, x: Array) -> Array:
+    """``mask[i]`` over the leading (slot) axis of ``x``, broadcastable to ``x``."""
+    return mask.reshape((-1,) + (1,) * (x.ndim - 1))
+
+
 def masked_rows(mask: Array, new: Params, old: Params) -> Params:
     """Leaf-wise ``where(mask[i], new[i], old[i])`` over the slot axis (``old`` may hold a
     single model with a leading axis of 1, broadcast to every slot)."""
-    return jax.tree.map(
-        lambda a, b: jnp.where(mask.reshape((-1,) + (1,) * (a.ndim - 1)), a, b), new, old
-    )
+    return jax.tree.map(lambda a, b: jnp.where(row_mask(mask, a), a, b), new, old)
+
+
+def masked_deltas(mask: Array, new: Params, starts: Params) -> Params:
+    """Leaf-wise ``new[i] - starts[i]`` where ``mask[i]``, zero elsewhere (``starts`` may hold
+    one model with a leading axis of 1)."""
+    return jax.tree.map(lambda a, b: jnp.where(row_mask(mask, a), a - b, 0.0), new, starts)

@@ -46,7 +46,7 @@ from fedjax_sel.training import evaluate as ev
 from fedjax_sel.training.hparams import HParams
 from fedjax_sel.training.local import LocalConfig
 from fedjax_sel.training.server import ServerOptimizer, server_step, weighted_delta
-from fedjax_sel.tree import stacked_norms
+from fedjax_sel.tree import masked_deltas, stacked_norms
 
 # fold_in tags of the per-round key
 _AVAIL, _SELECT, _TRAIN, _SYSTEM, _DROPOUT = 0, 1, 2, 3, 4
@@ -312,11 +312,7 @@ def aggregate_phase(
     starts = start_params(spec, state, selection)
     if starts is None:
         starts = jax.tree.map(lambda g: g[None], params)
-    deltas = jax.tree.map(
-        lambda p, g: jnp.where(mask.reshape((-1,) + (1,) * (p.ndim - 1)), p - g, 0.0),
-        result.params,
-        starts,
-    )
+    deltas = masked_deltas(mask, result.params, starts)
     with jax.named_scope("aggregation"):
         delta = weighted_delta(deltas, selection.weights, mask)
     with jax.named_scope("server_step"):
@@ -467,11 +463,7 @@ def event_step(spec, state, data) -> tuple[Any, Any]:
         result = spec.trainer(
             starts, data.train, arr.client, arr.valid, k_train, None, True, hparams=state.hparams
         )
-    deltas = jax.tree.map(
-        lambda p, s: jnp.where(arr.valid.reshape((-1,) + (1,) * (p.ndim - 1)), p - s, 0.0),
-        result.params,
-        starts,
-    )
+    deltas = masked_deltas(arr.valid, result.params, starts)
     weights = jnp.where(arr.valid, staleness_weight(arr.staleness, mode.alpha), 0.0)
     with jax.named_scope("aggregation"):
         buffer = jax.tree.map(jnp.add, slots.buffer, weighted_delta(deltas, weights, arr.valid))

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_sel.base import Array, ConfigError, Evaluator, Params, PRNGKey
+from fedjax_sel.tree import row_mask
 
 INITS = ("shuffle", "same")
 
@@ -80,7 +81,7 @@ def cluster_average(models: Params, stacked: Params, weights: Array) -> Params:
 
     def one(m, s):
         avg = jnp.tensordot(weights.T, s, axes=1)
-        keep = has.reshape((-1,) + (1,) * (m.ndim - 1))
+        keep = row_mask(has, m)
         return jnp.where(keep, avg, m)
 
     return jax.tree.map(one, models, stacked)

@@ -41,7 +41,7 @@ from fedjax_sel.base import Array, ConfigError, RoundInputs, Selection, SimSpec,
 from fedjax_sel.kernels import uniform_without_replacement
 from fedjax_sel.strategies._common import check_weighting, fedavg_weights
 from fedjax_sel.strategies.registry import register_strategy
-from fedjax_sel.tree import flatten_stacked
+from fedjax_sel.tree import flatten_stacked, row_mask
 
 COVER = ("available", "known")
 
@@ -203,7 +203,7 @@ def divfl(
         sel = pick(state, inputs, key)
         on = sel.mask
         result = jax.tree.map(
-            lambda x: jnp.where(on.reshape((-1,) + (1,) * (x.ndim - 1)), x[sel.clients], 0),
+            lambda x: jnp.where(row_mask(on, x), x[sel.clients], 0),
             trained._replace(params=deltas),
         )
         params = jax.tree.map(lambda d, g: d + g[None], result.params, inputs.params)

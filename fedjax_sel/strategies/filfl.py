@@ -48,6 +48,7 @@ from fedjax_sel.kernels.sampling import uniform_without_replacement
 from fedjax_sel.registry import parse_pairs
 from fedjax_sel.strategies._common import check_weighting, fedavg_weights
 from fedjax_sel.strategies.registry import STRATEGIES, make_strategy, register_strategy
+from fedjax_sel.tree import row_mask
 
 INNER = ("uniform", "power_of_choice", "divfl")
 FILTER_DATA = ("server", "client")
@@ -143,7 +144,7 @@ def _gather_slots(result: TrainResult, slot: Array, mask: Array, params) -> Trai
 
     def take(x, start=None):
         x = x[slot]
-        on = mask.reshape((-1,) + (1,) * (x.ndim - 1))
+        on = row_mask(mask, x)
         return jnp.where(on, x, start[None] if start is not None else jnp.zeros_like(x))
 
     new_params = jax.tree.map(take, result.params, params)
