@@ -19,7 +19,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_sel.availability import always
 from fedjax_sel.base import (
     Array,
     AvailabilityModel,
@@ -40,70 +39,17 @@ from fedjax_sel.engine.state import (
     stack_states,
     state_axes,
 )
-from fedjax_sel.fedbuff import FedBuff, init_slots
+from fedjax_sel.fedbuff import init_slots
 from fedjax_sel.models import Model
-from fedjax_sel.models.base import with_conv_impl
 from fedjax_sel.round_log import RoundLog
 from fedjax_sel.strategies.hyperparams import with_hyperparams
 from fedjax_sel.system import (
     SystemModel,
-    model_kbit,
-    overcommitted,
 )
 from fedjax_sel.training import evaluate as ev
 from fedjax_sel.training.hparams import HParams
-from fedjax_sel.training.local import LocalConfig, client_optimizer, make_trainer
-from fedjax_sel.training.server import ServerOptimizer, server_spec
-
-
-def split_conv(spec: str) -> tuple[str, str | None]:
-    """``"map:conv=xla"`` / ``"chunked:4,conv=patches"`` -> (parallelism spec, conv impl)."""
-    from fedjax_sel.registry import parse_spec
-
-    name, positional, pairs = parse_spec(spec, what="client parallelism")
-    conv = pairs.pop("conv", None)
-    if pairs:
-        raise ConfigError(f"client parallelism {spec!r}: unknown option(s) {sorted(pairs)}")
-    rest = ":".join([name] + ([",".join(positional)] if positional else []))
-    return rest, conv
-
-
-def _check_asynchronous(
-    mode: FedBuff,
-    num_clients: int,
-    per_round: int,
-    strategy: Strategy,
-    system,
-    deadline,
-    overcommit: float,
-    dropout: float,
-    persistent_client_state: bool,
-) -> None:
-    """Asynchronous FL's preconditions, each refused with the setting that breaks it."""
-    mode.validate(num_clients)
-    if per_round != mode.concurrency:
-        raise ConfigError(
-            f"asynchronous FL runs concurrency={mode.concurrency} clients at once; per_round "
-            f"({per_round}) must equal it (the strategy picks that many candidates per step)"
-        )
-    if system is None:
-        raise ConfigError(
-            "asynchronous FL needs device profiles for its clock: give a system model "
-            "(CLI: --system lognormal, see `fedjax-sel list`)"
-        )
-    if deadline is not None or overcommit != 1.0 or dropout != 0.0:
-        raise ConfigError(
-            "deadline, overcommit and dropout are synchronous-round settings; asynchronous "
-            f"FL takes none of them (got deadline={deadline}, overcommit={overcommit}, "
-            f"dropout={dropout})"
-        )
-    if persistent_client_state:
-        raise ConfigError("asynchronous FL does not keep persistent client optimizer state")
-    if not strategy.asynchronous or strategy.start_params is not None:
-        raise ConfigError(
-            f"strategy {strategy.name!r} cannot pick clients asynchronously; use one with "
-            "Strategy.asynchronous (uniform, power_of_choice, oort)"
-        )
+from fedjax_sel.training.local import LocalConfig, client_optimizer
+from fedjax_sel.training.server import ServerOptimizer
 
 
 class Simulation:
@@ -176,102 +122,47 @@ class Simulation:
         asynchronous=None,
         parallel_choice=None,
     ):
-        local.validate()
-        k = dataset.num_clients
-        if per_round < 1 or per_round > k:
-            raise ConfigError(
-                f"per_round={per_round} must lie in [1, number of clients]: it exceeds the "
-                f"number of clients ({k})"
-                if per_round > k
-                else f"per_round must be >= 1, got {per_round}"
-            )
         if num_rounds < 1:
             raise ConfigError(f"num_rounds must be >= 1, got {num_rounds}")
         if chunk_size < 1:
             raise ConfigError(f"chunk_size must be >= 1, got {chunk_size}")
-        if model.task != dataset.task:
-            raise ConfigError(
-                f"model {model.name!r} solves {model.task} but data set {dataset.name!r} is "
-                f"{dataset.task}"
-            )
-        if system is None and (deadline is not None or overcommit != 1.0):
-            raise ConfigError(
-                "a deadline or over-commitment needs device profiles: give a system model "
-                "(CLI: --system lognormal, see `fedjax-sel list`)"
-            )
-        if deadline is not None and not deadline > 0:
-            raise ConfigError(f"deadline must be a positive number of seconds, got {deadline!r}")
-        if not overcommit >= 1.0:
-            raise ConfigError(f"overcommit must be >= 1, got {overcommit!r}")
-        if not 0.0 <= dropout < 1.0:
-            raise ConfigError(f"dropout must lie in [0, 1), got {dropout!r}")
-        if asynchronous is not None:
-            _check_asynchronous(
-                asynchronous,
-                k,
-                per_round,
-                strategy,
-                system,
-                deadline,
-                overcommit,
-                dropout,
-                persistent_client_state,
-            )
-        self.asynchronous = asynchronous
-        if system is None and strategy.needs_system:
-            from fedjax_sel.system import lognormal
-
-            system = lognormal()
-        self.system, self.deadline = system, deadline
-        self.overcommit, self.dropout = float(overcommit), float(dropout)
-        self.slots = overcommitted(per_round, overcommit, k)
-        self.dataset, self.model, self.strategy = dataset, model, strategy
-        self.local = local
-        self.per_round, self.num_rounds = int(per_round), int(num_rounds)
-        self.availability = availability or always()
-        # a ServerOptimizer's learning rate is traced (state.hparams.server_lr); a given optax
-        # transformation is used as it is
-        self.server_tx = server_tx or server_spec("sgd", 1.0)
-        self.persistent_client_state = persistent_client_state
-        self.chunk_size = int(chunk_size)
-        self.eval_batch_size = int(eval_batch_size)
-        self.mesh = mesh
+        spec = RoundSpec.create(
+            dataset,
+            model,
+            strategy,
+            local=local,
+            per_round=per_round,
+            availability=availability,
+            server_tx=server_tx,
+            parallel=parallel,
+            persistent_client_state=persistent_client_state,
+            eval_batch_size=eval_batch_size,
+            mesh=mesh,
+            n_max=n_max,
+            system=system,
+            deadline=deadline,
+            overcommit=overcommit,
+            dropout=dropout,
+            asynchronous=asynchronous,
+        )
+        self.round_spec = spec
+        self.dataset, self.num_rounds = dataset, int(num_rounds)
+        self.chunk_size, self.mesh = int(chunk_size), mesh
+        self.overcommit = float(overcommit)
         self.n_max = int(n_max or dataset.train.n_max)
         self.parallel_choice = parallel_choice
-        parallel, conv = split_conv(parallel)
-        if conv is not None:
-            model = with_conv_impl(model, conv)
-            self.model = model
-        self.trainer = make_trainer(
-            model,
-            local,
-            self.n_max,
-            parallel=parallel,
-            persistent_state=persistent_client_state,
-            mesh=mesh,
-        )
+        # the spec's settings, read by drivers and notebooks
+        self.model, self.strategy, self.availability = spec.model, spec.strategy, spec.availability
+        self.local, self.server_tx, self.trainer = spec.local, spec.server_tx, spec.trainer
+        self.per_round, self.slots = spec.per_round, spec.slots
+        self.system, self.deadline, self.dropout = spec.system, spec.deadline, spec.dropout
+        self.persistent_client_state = spec.persistent_client_state
+        self.eval_batch_size, self.kbit = spec.eval_batch_size, spec.kbit
+        self.asynchronous = spec.asynchronous
         self.parallel = self.trainer.mode
         mode, chunk = self.parallel
         self.parallel_spec = (mode if chunk is None else f"{mode}:{chunk}") + (
-            f",conv={model.conv_impl}" if model.conv_impl else ""
-        )
-        self.kbit = model_kbit(jax.eval_shape(self.model.init, jax.random.key(0)))
-        self.round_spec = RoundSpec(
-            model=self.model,
-            strategy=self.strategy,
-            availability=self.availability,
-            trainer=self.trainer,
-            local=self.local,
-            server_tx=self.server_tx,
-            per_round=self.per_round,
-            slots=self.slots,
-            system=self.system,
-            deadline=self.deadline,
-            dropout=self.dropout,
-            persistent_client_state=self.persistent_client_state,
-            eval_batch_size=self.eval_batch_size,
-            kbit=self.kbit,
-            asynchronous=self.asynchronous,
+            f",conv={self.model.conv_impl}" if self.model.conv_impl else ""
         )
         self.data = self._place(SimData.of(dataset))
         self._chunk = jax.jit(self._chunk_fn, static_argnums=(2,))

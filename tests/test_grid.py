@@ -225,3 +225,28 @@ def test_injected_state_reads_through_and_refuses_untraced_names():
     assert float(state.hyperparams["eta"]) == np.float32(0.3)  # the default, as built
     with pytest.raises(ConfigError, match=r"traces \['eta', 'gamma', 'alpha', 'tau0'\]"):
         with_hyperparams(state, strategy, {"w_v": 2.0})
+
+
+def test_round_spec_is_static_and_refuses_what_cannot_work():
+    """The round's spec holds no arrays (data and traced hyperparameters are arguments, so one
+    program serves them all), and its checks name the setting that breaks."""
+    import jax
+
+    from fedjax_sel.data.datasets import load_dataset
+    from fedjax_sel.engine.round import RoundSpec
+    from fedjax_sel.models import make_model
+    from fedjax_sel.strategies import make_strategy
+    from fedjax_sel.training import LocalConfig
+
+    ds = load_dataset("digits", num_clients=6, seed=0)
+    model = make_model("logreg", input_shape=ds.input_shape, num_classes=ds.num_classes)
+    spec = RoundSpec.create(
+        ds, model, make_strategy("uniform", 2), local=LocalConfig(), per_round=2
+    )
+    assert jax.tree.leaves(spec) == [] and spec.slots == 2 and spec.system is None
+    with pytest.raises(ConfigError, match=r"per_round=7 .* exceeds the number of clients \(6\)"):
+        RoundSpec.create(ds, model, make_strategy("uniform", 7), local=LocalConfig(), per_round=7)
+    with pytest.raises(ConfigError, match="deadline or over-commitment needs device profiles"):
+        RoundSpec.create(
+            ds, model, make_strategy("uniform", 2), local=LocalConfig(), per_round=2, deadline=5.0
+        )

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
+from fedjax_sel.availability import always
 from fedjax_sel.base import (
     Array,
     AvailabilityModel,
@@ -37,21 +38,81 @@ from fedjax_sel.base import (
     Strategy,
     TrainResult,
 )
+from fedjax_sel.data.datasets import FederatedDataset
 from fedjax_sel.engine.state import SimData, SimState, SlotTiming
 from fedjax_sel.fedbuff import FedBuff, SlotsState, schedule, staleness_weight
 from fedjax_sel.models import Model
+from fedjax_sel.models.base import with_conv_impl
 from fedjax_sel.round_log import RoundLog, round_diagnostics
-from fedjax_sel.system import SystemModel, client_work, durations, round_timing
+from fedjax_sel.system import (
+    SystemModel,
+    client_work,
+    durations,
+    lognormal,
+    model_kbit,
+    overcommitted,
+    round_timing,
+)
 from fedjax_sel.training import evaluate as ev
 from fedjax_sel.training.hparams import HParams
-from fedjax_sel.training.local import LocalConfig
-from fedjax_sel.training.server import ServerOptimizer, server_step, weighted_delta
+from fedjax_sel.training.local import LocalConfig, make_trainer
+from fedjax_sel.training.server import ServerOptimizer, server_spec, server_step, weighted_delta
 from fedjax_sel.tree import masked_deltas, stacked_norms
 
 # fold_in tags of the per-round key
 _AVAIL, _SELECT, _TRAIN, _SYSTEM, _DROPOUT = 0, 1, 2, 3, 4
 
 _static = functools.partial(struct.field, pytree_node=False)
+
+
+def split_conv(spec: str) -> tuple[str, str | None]:
+    """``"map:conv=xla"`` / ``"chunked:4,conv=patches"`` -> (parallelism spec, conv impl)."""
+    from fedjax_sel.registry import parse_spec
+
+    name, positional, pairs = parse_spec(spec, what="client parallelism")
+    conv = pairs.pop("conv", None)
+    if pairs:
+        raise ConfigError(f"client parallelism {spec!r}: unknown option(s) {sorted(pairs)}")
+    rest = ":".join([name] + ([",".join(positional)] if positional else []))
+    return rest, conv
+
+
+def _check_asynchronous(
+    mode: FedBuff,
+    num_clients: int,
+    per_round: int,
+    strategy: Strategy,
+    system,
+    deadline,
+    overcommit: float,
+    dropout: float,
+    persistent_client_state: bool,
+) -> None:
+    """Asynchronous FL's preconditions, each refused with the setting that breaks it."""
+    mode.validate(num_clients)
+    if per_round != mode.concurrency:
+        raise ConfigError(
+            f"asynchronous FL runs concurrency={mode.concurrency} clients at once; per_round "
+            f"({per_round}) must equal it (the strategy picks that many candidates per step)"
+        )
+    if system is None:
+        raise ConfigError(
+            "asynchronous FL needs device profiles for its clock: give a system model "
+            "(CLI: --system lognormal, see `fedjax-sel list`)"
+        )
+    if deadline is not None or overcommit != 1.0 or dropout != 0.0:
+        raise ConfigError(
+            "deadline, overcommit and dropout are synchronous-round settings; asynchronous "
+            f"FL takes none of them (got deadline={deadline}, overcommit={overcommit}, "
+            f"dropout={dropout})"
+        )
+    if persistent_client_state:
+        raise ConfigError("asynchronous FL does not keep persistent client optimizer state")
+    if not strategy.asynchronous or strategy.start_params is not None:
+        raise ConfigError(
+            f"strategy {strategy.name!r} cannot pick clients asynchronously; use one with "
+            "Strategy.asynchronous (uniform, power_of_choice, oort)"
+        )
 
 
 @struct.dataclass
@@ -93,6 +154,104 @@ class RoundSpec:
     eval_batch_size: int = _static(default=1024)
     kbit: float = _static(default=0.0)
     asynchronous: Any = _static(default=None)
+
+    @classmethod
+    def create(
+        cls,
+        dataset: FederatedDataset,
+        model: Model,
+        strategy: Strategy,
+        *,
+        local: LocalConfig,
+        per_round: int,
+        availability: AvailabilityModel | None = None,
+        server_tx: ServerOptimizer | optax.GradientTransformation | None = None,
+        parallel: str = "auto",
+        persistent_client_state: bool = False,
+        eval_batch_size: int = 1024,
+        mesh: jax.sharding.Mesh | None = None,
+        n_max: int | None = None,
+        system: SystemModel | None = None,
+        deadline: float | None = None,
+        overcommit: float = 1.0,
+        dropout: float = 0.0,
+        asynchronous: FedBuff | None = None,
+    ) -> RoundSpec:
+        """Checks the settings against each other and the data set (each refusal names the
+        setting that breaks it) and builds the spec: the trainer in the given parallelism
+        (``auto``: the backend's rule; the measured choice is made before, by
+        :func:`fedjax_sel.training.autotune.resolve_parallel`), the default availability
+        (always on), server optimizer (FedAvg) and, for strategies that read durations, device
+        profile (log-normal). Arguments as :class:`fedjax_sel.simulation.Simulation`'s."""
+        local.validate()
+        k = dataset.num_clients
+        if per_round < 1 or per_round > k:
+            raise ConfigError(
+                f"per_round={per_round} must lie in [1, number of clients]: it exceeds the "
+                f"number of clients ({k})"
+                if per_round > k
+                else f"per_round must be >= 1, got {per_round}"
+            )
+        if model.task != dataset.task:
+            raise ConfigError(
+                f"model {model.name!r} solves {model.task} but data set {dataset.name!r} is "
+                f"{dataset.task}"
+            )
+        if system is None and (deadline is not None or overcommit != 1.0):
+            raise ConfigError(
+                "a deadline or over-commitment needs device profiles: give a system model "
+                "(CLI: --system lognormal, see `fedjax-sel list`)"
+            )
+        if deadline is not None and not deadline > 0:
+            raise ConfigError(f"deadline must be a positive number of seconds, got {deadline!r}")
+        if not overcommit >= 1.0:
+            raise ConfigError(f"overcommit must be >= 1, got {overcommit!r}")
+        if not 0.0 <= dropout < 1.0:
+            raise ConfigError(f"dropout must lie in [0, 1), got {dropout!r}")
+        if asynchronous is not None:
+            _check_asynchronous(
+                asynchronous,
+                k,
+                per_round,
+                strategy,
+                system,
+                deadline,
+                overcommit,
+                dropout,
+                persistent_client_state,
+            )
+        if system is None and strategy.needs_system:
+            system = lognormal()
+        parallel, conv = split_conv(parallel)
+        if conv is not None:
+            model = with_conv_impl(model, conv)
+        trainer = make_trainer(
+            model,
+            local,
+            int(n_max or dataset.train.n_max),
+            parallel=parallel,
+            persistent_state=persistent_client_state,
+            mesh=mesh,
+        )
+        return cls(
+            model=model,
+            strategy=strategy,
+            availability=availability or always(),
+            trainer=trainer,
+            local=local,
+            # a ServerOptimizer's learning rate is traced (state.hparams.server_lr); a given
+            # optax transformation is used as it is
+            server_tx=server_tx or server_spec("sgd", 1.0),
+            per_round=int(per_round),
+            slots=overcommitted(per_round, overcommit, k),
+            system=system,
+            deadline=deadline,
+            dropout=float(dropout),
+            persistent_client_state=persistent_client_state,
+            eval_batch_size=int(eval_batch_size),
+            kbit=model_kbit(jax.eval_shape(model.init, jax.random.key(0))),
+            asynchronous=asynchronous,
+        )
 
     def server_transform(self, hparams: HParams | None) -> optax.GradientTransformation:
         """The server optimizer at ``hparams``' (traced) server learning rate."""
