@@ -40,7 +40,7 @@ O(K) to compute, none K-sized in the logs:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Literal, NamedTuple, get_args
 
 import jax
 import jax.numpy as jnp
@@ -48,22 +48,18 @@ import numpy as np
 
 from fedjax_sel.availability import estimators as est
 from fedjax_sel.base import Array, ConfigError, RoundInputs, Selection, Strategy, update_identity
-from fedjax_sel.strategies._common import check_weighting
 
-ESTIMATOR_MODES = ("auto", "oracle", "bayes", "reference")
-PRIORS = ("flat", "truth")
+Estimator = Literal["auto", "oracle", "bayes", "reference"]
+Prior = Literal["flat", "truth"]
+ESTIMATOR_MODES = get_args(Estimator)
+PRIORS = get_args(Prior)
 PI_FLOOR = 1e-6  # guards alpha / pi_hat against a client that is never online
 NUM_GROUPS = 4
 
 
 def check_availability_args(estimator: str, prior: str, prior_rounds: float, weighting: str):
     """Validates the hyperparameters every strategy of this family takes."""
-    if estimator not in ESTIMATOR_MODES:
-        raise ConfigError(f"estimator must be one of {ESTIMATOR_MODES}, got {estimator!r}")
-    if prior not in PRIORS:
-        raise ConfigError(f"prior must be one of {PRIORS}, got {prior!r}")
     est.check_prior(prior_rounds)
-    check_weighting(weighting)
 
 
 def target_importance(num_examples: Array, weighting: str) -> Array:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 import jax.numpy as jnp
 
 from fedjax_sel.base import Array, ConfigError
 
-WEIGHTINGS = ("size", "uniform")
+# a choice option typed Literal is checked by the registry (make_strategy, the CLI, sweeps)
+Weighting = Literal["size", "uniform"]
+WEIGHTINGS = get_args(Weighting)
 
 
 def check_weighting(weighting: str) -> None:

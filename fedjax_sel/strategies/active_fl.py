@@ -45,7 +45,7 @@ the kept set); ``top_mass``, the probability of its ``floor((1 - alpha3) m)`` mo
 from __future__ import annotations
 
 import math
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, get_args
 
 import jax
 import jax.numpy as jnp
@@ -53,12 +53,14 @@ import jax.numpy as jnp
 from fedjax_sel.base import Array, ConfigError, Selection, Strategy
 from fedjax_sel.kernels import gumbel_top_k, masked_softmax, uniform_without_replacement
 from fedjax_sel.kernels.boltzmann import fill_slots
-from fedjax_sel.strategies._common import check_weighting, fedavg_weights
+from fedjax_sel.strategies._common import Weighting, fedavg_weights
 from fedjax_sel.strategies.hyperparams import inject_hyperparams
 from fedjax_sel.strategies.registry import register_strategy
 
-VALUATIONS = ("loss", "loss_per_sqrt_n", "train_loss")
-REFRESH = ("participants", "available")
+Valuation = Literal["loss", "loss_per_sqrt_n", "train_loss"]
+Refresh = Literal["participants", "available"]
+VALUATIONS = get_args(Valuation)
+REFRESH = get_args(Refresh)
 
 
 class ActiveFLState(NamedTuple):
@@ -132,9 +134,9 @@ def active_fl(
     alpha1: float = 0.75,
     alpha2: float = 0.01,
     alpha3: float = 0.1,
-    valuation_kind: str = "loss",
-    refresh: Literal["participants", "available"] = "participants",
-    weighting: str = "size",
+    valuation_kind: Valuation = "loss",
+    refresh: Refresh = "participants",
+    weighting: Weighting = "size",
 ) -> Strategy:
     """Active FL (module docstring).
 
@@ -154,18 +156,11 @@ def active_fl(
         raise ConfigError(f"active_fl alpha2 must be >= 0, got {alpha2}")
     if not 0.0 <= alpha3 <= 1.0:
         raise ConfigError(f"active_fl alpha3 must be in [0, 1], got {alpha3}")
-    if valuation_kind not in VALUATIONS:
-        raise ConfigError(
-            f"active_fl valuation_kind must be one of {VALUATIONS}, got {valuation_kind!r}"
-        )
-    if refresh not in REFRESH:
-        raise ConfigError(f"active_fl refresh must be one of {REFRESH}, got {refresh!r}")
     if refresh == "available" and valuation_kind == "train_loss":
         raise ConfigError(
             "active_fl refresh='available' needs a loss valuation (train_loss exists only for "
             "participants)"
         )
-    check_weighting(weighting)
     num_soft = math.floor((1.0 - alpha3) * per_round + 1e-9)  # guard 0.9 * 10 = 8.999...
 
     def build(alpha1, alpha2):  # floats, or traced scalars inside the round

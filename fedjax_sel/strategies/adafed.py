@@ -9,7 +9,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from fedjax_sel.base import Strategy
-from fedjax_sel.strategies._ca_fed_common import availability_weighted
+from fedjax_sel.strategies._ca_fed_common import Estimator, Prior, availability_weighted
+from fedjax_sel.strategies._common import Weighting
 from fedjax_sel.strategies.registry import register_strategy
 
 
@@ -21,10 +22,10 @@ from fedjax_sel.strategies.registry import register_strategy
 def adafed(
     *,
     per_round: int,
-    estimator: str = "auto",
-    prior: str = "flat",
+    estimator: Estimator = "auto",
+    prior: Prior = "flat",
     prior_rounds: float = 2.0,
-    weighting: str = "size",
+    weighting: Weighting = "size",
 ) -> Strategy:
     """AdaFed: ``S_t = A_t``, weights ``alpha/pi_hat`` normalised to sum to one over ``A_t``.
 

@@ -41,18 +41,21 @@ single client. CA-Fed then keeps every client (the unbiased allocation of Guidel
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Literal, NamedTuple, get_args
 
 import jax.numpy as jnp
 
 from fedjax_sel.availability import estimators as est
 from fedjax_sel.base import Array, ConfigError, Selection, Strategy, update_identity
-from fedjax_sel.kernels.ca_fed import LAMBDA_ORDERS, ca_fed_exclusions, ca_fed_objective
+from fedjax_sel.kernels.ca_fed import ca_fed_exclusions, ca_fed_objective
 from fedjax_sel.strategies import _ca_fed_common as common
+from fedjax_sel.strategies._common import Weighting
 from fedjax_sel.strategies.registry import register_strategy
 
-OPTIMA = ("running_min", "zero", "given")
-LOSS_SOURCES = ("batch", "train", "validation")
+Optimum = Literal["running_min", "zero", "given"]
+LossSource = Literal["batch", "train", "validation"]
+OPTIMA = get_args(Optimum)
+LOSS_SOURCES = get_args(LossSource)
 
 
 class CAFedState(NamedTuple):
@@ -103,15 +106,15 @@ def ca_fed(
     kappa2: float = 1.0,
     tau: float = 0.0,
     beta: float = 1.0,
-    optimum: str = "running_min",
+    optimum: Optimum = "running_min",
     optimum_values: tuple[float, ...] = (),
-    loss_source: str = "batch",
+    loss_source: LossSource = "batch",
     loss_batch_size: int = 32,
-    lambda_order: str = "signed",
-    estimator: str = "auto",
-    prior: str = "flat",
+    lambda_order: Literal["signed", "abs"] = "signed",
+    estimator: common.Estimator = "auto",
+    prior: common.Prior = "flat",
     prior_rounds: float = 2.0,
-    weighting: str = "size",
+    weighting: Weighting = "size",
     keep_all_when_flat: bool = True,
     trace: bool = False,
 ) -> Strategy:
@@ -149,14 +152,8 @@ def ca_fed(
         raise ConfigError(f"ca_fed tau must be >= 0, got {tau!r}")
     if not 0 < beta <= 1:
         raise ConfigError(f"ca_fed beta (eq. 17) must lie in (0, 1], got {beta!r}")
-    if optimum not in OPTIMA:
-        raise ConfigError(f"ca_fed optimum must be one of {OPTIMA}, got {optimum!r}")
-    if loss_source not in LOSS_SOURCES:
-        raise ConfigError(f"ca_fed loss_source must be one of {LOSS_SOURCES}, got {loss_source!r}")
     if loss_batch_size < 1:
         raise ConfigError(f"ca_fed loss_batch_size must be >= 1, got {loss_batch_size}")
-    if lambda_order not in LAMBDA_ORDERS:
-        raise ConfigError(f"ca_fed lambda_order must be one of {LAMBDA_ORDERS}: {lambda_order!r}")
     if (optimum == "given") != bool(optimum_values):
         raise ConfigError(
             "ca_fed optimum_values (one F_k^* per client) go with optimum='given' and only with "

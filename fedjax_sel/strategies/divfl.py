@@ -32,18 +32,19 @@ planted clusters the pool's picks cover all clients within a few percent of the 
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Literal, NamedTuple, get_args
 
 import jax
 import jax.numpy as jnp
 
 from fedjax_sel.base import Array, ConfigError, RoundInputs, Selection, SimSpec, Strategy
 from fedjax_sel.kernels import uniform_without_replacement
-from fedjax_sel.strategies._common import check_weighting, fedavg_weights
+from fedjax_sel.strategies._common import Weighting, fedavg_weights
 from fedjax_sel.strategies.registry import register_strategy
 from fedjax_sel.tree import flatten_stacked, row_mask
 
-COVER = ("available", "known")
+Cover = Literal["available", "known"]
+COVER = get_args(Cover)
 
 
 class DivFLState(NamedTuple):
@@ -122,11 +123,11 @@ def coverage(dist: Array, cover: Array, picks: Array, valid: Array) -> dict[str,
 def divfl(
     *,
     per_round: int,
-    cover: str = "available",
+    cover: Cover = "available",
     sketch_dim: int = 0,
     pool: int = 0,
     warm_start: bool = True,
-    weighting: str = "size",
+    weighting: Weighting = "size",
 ) -> Strategy:
     """DivFL client selection.
 
@@ -146,8 +147,6 @@ def divfl(
     Diagnostics (every round): ``cover_cost`` and ``cover_size`` (:func:`coverage`); the
     selection is deterministic given the directions, so there is no sampling ``law``.
     """
-    if cover not in COVER:
-        raise ConfigError(f"divfl cover must be one of {COVER}, got {cover!r}")
     sketch_dim = int(sketch_dim)
     if sketch_dim < 0:
         raise ConfigError(f"divfl sketch_dim must be >= 0, got {sketch_dim}")
@@ -156,7 +155,6 @@ def divfl(
         raise ConfigError(
             f"divfl pool must be 0 (every client) or >= per_round ({per_round}), got {pool}"
         )
-    check_weighting(weighting)
 
     def init(key, spec: SimSpec) -> DivFLState:
         dim = sum(int(x.size) for x in jax.tree.leaves(spec.params))

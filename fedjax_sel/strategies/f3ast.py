@@ -17,16 +17,18 @@ estimates client ``k``'s participation rate:
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Literal, NamedTuple, get_args
 
 import jax.numpy as jnp
 
 from fedjax_sel.availability import estimators as est
 from fedjax_sel.base import Array, ConfigError, Selection, Strategy, update_identity
 from fedjax_sel.strategies import _ca_fed_common as common
+from fedjax_sel.strategies._common import Weighting
 from fedjax_sel.strategies.registry import register_strategy
 
-VARIANTS = ("paper", "reference")
+Variant = Literal["paper", "reference"]
+VARIANTS = get_args(Variant)
 RATE_FLOOR = 1e-6
 
 
@@ -49,11 +51,11 @@ def f3ast(
     per_round: int,
     budget: int = 0,
     beta: float = 0.0,
-    variant: str = "paper",
-    estimator: str = "auto",
-    prior: str = "flat",
+    variant: Variant = "paper",
+    estimator: common.Estimator = "auto",
+    prior: common.Prior = "flat",
     prior_rounds: float = 2.0,
-    weighting: str = "size",
+    weighting: Weighting = "size",
 ) -> Strategy:
     """F3AST (see the module docstring).
 
@@ -72,8 +74,6 @@ def f3ast(
         raise ConfigError(f"f3ast budget must lie in [1, per_round={per_round}], got {budget}")
     if not 0 <= beta <= 1:
         raise ConfigError(f"f3ast beta must lie in [0, 1] (0 means 1/T), got {beta!r}")
-    if variant not in VARIANTS:
-        raise ConfigError(f"f3ast variant must be one of {VARIANTS}, got {variant!r}")
 
     def init(key, spec):
         del key

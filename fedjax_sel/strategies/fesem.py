@@ -42,7 +42,7 @@ from fedjax_sel.strategies._clustered import (
     slot_sizes,
     trained_models,
 )
-from fedjax_sel.strategies._common import check_weighting, fedavg_weights
+from fedjax_sel.strategies._common import Weighting, fedavg_weights
 from fedjax_sel.strategies._sketch import check_sketch, sketch_coordinates, sketch_stacked
 from fedjax_sel.strategies.registry import register_strategy
 
@@ -77,8 +77,8 @@ def fesem(
     init: str = "shuffle",
     sketch: str = "all",
     sketch_dim: int = 0,
-    cluster_weighting: str = "size",
-    weighting: str = "size",
+    cluster_weighting: Weighting = "size",
+    weighting: Weighting = "size",
 ) -> Strategy:
     """FeSEM (module docstring).
 
@@ -94,8 +94,6 @@ def fesem(
     """
     check_clusters(num_clusters, init)
     check_sketch(sketch, sketch_dim)
-    check_weighting(cluster_weighting)
-    check_weighting(weighting)
     if init == "same" and num_clusters > 1:
         raise ConfigError("fesem needs distinct initial centers: init='shuffle'")
     k = int(num_clusters)

@@ -46,7 +46,7 @@ from fedjax_sel.kernels.double_greedy import (
 )
 from fedjax_sel.kernels.sampling import uniform_without_replacement
 from fedjax_sel.registry import parse_pairs
-from fedjax_sel.strategies._common import check_weighting, fedavg_weights
+from fedjax_sel.strategies._common import Weighting, fedavg_weights
 from fedjax_sel.strategies.registry import STRATEGIES, make_strategy, register_strategy
 from fedjax_sel.tree import row_mask
 
@@ -183,7 +183,7 @@ def filfl(
     empty_value: Literal["infeasible", "global", "code"] = "infeasible",
     ties: Literal["remove", "add"] = "remove",
     if_empty: Literal["none", "all"] = "none",
-    weighting: str = "uniform",
+    weighting: Weighting = "uniform",
     track_opt: bool = False,
 ) -> Strategy:
     """FilFL (Algorithm 1) around an inner selector.
@@ -233,23 +233,14 @@ def filfl(
     """
     check_variant(variant, ties)
     period, considered, filter_size = int(period), int(considered), int(filter_size)
-    if inner not in INNER:
-        raise ConfigError(f"filfl inner selector must be one of {INNER}, got {inner!r}")
     if period < 1:
         raise ConfigError(f"filfl period h must be >= 1, got {period}")
     if considered < 0:
         raise ConfigError(f"filfl considered (n) must be >= 0, got {considered}")
     if filter_size < 0:
         raise ConfigError(f"filfl filter_size (m) must be >= 0, got {filter_size}")
-    if filter_data not in FILTER_DATA:
-        raise ConfigError(f"filfl filter_data must be one of {FILTER_DATA}, got {filter_data!r}")
     if filter_data == "client" and filter_size:
         raise ConfigError("filfl filter_size applies to the server set, not to filter_data=client")
-    if empty_value not in EMPTY_VALUES:
-        raise ConfigError(f"filfl empty_value must be one of {EMPTY_VALUES}, got {empty_value!r}")
-    if if_empty not in IF_EMPTY:
-        raise ConfigError(f"filfl if_empty must be one of {IF_EMPTY}, got {if_empty!r}")
-    check_weighting(weighting)
     kwargs: dict[str, Any] = parse_inner_args(inner_args)
     if "weighting" in STRATEGIES[inner].options:
         kwargs.setdefault("weighting", weighting)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from fedjax_sel.base import ConfigError, EmptyState, Selection, Strategy, update_identity
-from fedjax_sel.strategies._common import check_weighting, fedavg_weights
+from fedjax_sel.strategies._common import Weighting, fedavg_weights
 from fedjax_sel.strategies.registry import register_strategy
 
 
@@ -14,14 +14,13 @@ from fedjax_sel.strategies.registry import register_strategy
     description="every available client every round (needs per_round = number of clients)",
     reference="full-participation FedAvg",
 )
-def full(*, per_round: int, weighting: str = "size") -> Strategy:
+def full(*, per_round: int, weighting: Weighting = "size") -> Strategy:
     """Selects all available clients; ``per_round`` must equal the number of clients.
 
     Args:
       per_round: slots per round, equal to K.
       weighting: ``size`` (FedAvg) or ``uniform``.
     """
-    check_weighting(weighting)
 
     def init(key, spec):
         del key

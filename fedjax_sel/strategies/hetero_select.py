@@ -26,19 +26,21 @@ Where the losses come from (``loss_source``):
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Literal, NamedTuple, get_args
 
 import jax.numpy as jnp
 
 from fedjax_sel.base import Array, ConfigError, Selection, SimSpec, Strategy
 from fedjax_sel.kernels import gumbel_top_k
 from fedjax_sel.kernels import hetero_select as hs
-from fedjax_sel.strategies._common import check_weighting, fedavg_weights
+from fedjax_sel.strategies._common import Weighting, fedavg_weights
 from fedjax_sel.strategies.hyperparams import inject_hyperparams
 from fedjax_sel.strategies.registry import register_strategy
 
-SCORINGS = ("additive", "multiplicative")
-LOSS_SOURCES = ("oracle", "last", "last_train")
+Scoring = Literal["additive", "multiplicative"]
+LossSource = Literal["oracle", "last", "last_train"]
+SCORINGS = get_args(Scoring)
+LOSS_SOURCES = get_args(LossSource)
 
 
 class HeteroSelectState(NamedTuple):
@@ -147,7 +149,7 @@ def _record_loss(state: HeteroSelectState, who: Array, loss: Array) -> HeteroSel
 def hetero_select(
     *,
     per_round: int,
-    scoring: str = "additive",
+    scoring: Scoring = "additive",
     w_v: float = 1.0,
     w_d: float = 1.0,
     w_m: float = 1.0,
@@ -160,10 +162,10 @@ def hetero_select(
     tau0: float = 2.0,
     staleness_cap: int = hs.STALENESS_CAP,
     schedule_rounds: int = hs.SCHEDULE_ROUNDS,
-    loss_source: str = "oracle",
-    diversity_measure: str = "js_divergence",
+    loss_source: LossSource = "oracle",
+    diversity_measure: Literal["js_divergence", "js_distance"] = "js_divergence",
     eps: float = 1e-8,
-    weighting: str = "uniform",
+    weighting: Weighting = "uniform",
 ) -> Strategy:
     """HeteRo-Select client selection.
 
@@ -184,17 +186,6 @@ def hetero_select(
       eps: epsilon of eq. 3.
       weighting: ``uniform`` (Algorithm 1's 1/m) or ``size``.
     """
-    if scoring not in SCORINGS:
-        raise ConfigError(f"hetero_select scoring must be one of {SCORINGS}, got {scoring!r}")
-    if loss_source not in LOSS_SOURCES:
-        raise ConfigError(
-            f"hetero_select loss_source must be one of {LOSS_SOURCES}, got {loss_source!r}"
-        )
-    if diversity_measure not in hs.DIVERSITY_MEASURES:
-        raise ConfigError(
-            f"hetero_select diversity_measure must be one of {hs.DIVERSITY_MEASURES}, "
-            f"got {diversity_measure!r}"
-        )
     weights = hs.ComponentWeights(*(float(w) for w in (w_v, w_d, w_m, w_f, w_st, w_n)))
     names = ("w_v", "w_d", "w_m", "w_f", "w_st", "w_n")
     for name, w in zip(names, weights, strict=True):
@@ -217,7 +208,6 @@ def hetero_select(
             f"hetero_select staleness_cap and schedule_rounds must be >= 1, got "
             f"{staleness_cap} and {schedule_rounds}"
         )
-    check_weighting(weighting)
     combine = hs.additive_score if scoring == "additive" else hs.multiplicative_score
 
     def build(eta, gamma, alpha, tau0):  # floats, or traced scalars inside the round

@@ -39,7 +39,7 @@ from fedjax_sel.strategies._clustered import (
     slot_sizes,
     trained_models,
 )
-from fedjax_sel.strategies._common import check_weighting, fedavg_weights
+from fedjax_sel.strategies._common import Weighting, fedavg_weights
 from fedjax_sel.strategies.registry import register_strategy
 
 
@@ -67,8 +67,8 @@ def ifca(
     per_round: int,
     num_clusters: int = 2,
     init: str = "shuffle",
-    cluster_weighting: str = "uniform",
-    weighting: str = "size",
+    cluster_weighting: Weighting = "uniform",
+    weighting: Weighting = "size",
 ) -> Strategy:
     """IFCA (module docstring).
 
@@ -81,8 +81,6 @@ def ifca(
       weighting: the engine's global-model aggregation weights (unused by IFCA itself).
     """
     check_clusters(num_clusters, init)
-    check_weighting(cluster_weighting)
-    check_weighting(weighting)
     k = int(num_clusters)
 
     def init_fn(key, spec):

@@ -8,7 +8,8 @@ The public CA-Fed code (github.com/arodio/CA-Fed) has no such baseline (docs/ca_
 from __future__ import annotations
 
 from fedjax_sel.base import ConfigError, Strategy
-from fedjax_sel.strategies._ca_fed_common import availability_weighted
+from fedjax_sel.strategies._ca_fed_common import Estimator, Prior, availability_weighted
+from fedjax_sel.strategies._common import Weighting
 from fedjax_sel.strategies.registry import register_strategy
 
 
@@ -21,10 +22,10 @@ def more_available(
     *,
     per_round: int,
     threshold: float = 0.5,
-    estimator: str = "auto",
-    prior: str = "flat",
+    estimator: Estimator = "auto",
+    prior: Prior = "flat",
     prior_rounds: float = 2.0,
-    weighting: str = "size",
+    weighting: Weighting = "size",
 ) -> Strategy:
     """More-available: ``S_t = {k in A_t : pi_hat_k >= threshold}``, ``q_k = alpha_k/pi_hat_k``.
 

@@ -42,7 +42,7 @@ import jax.numpy as jnp
 from fedjax_sel.base import Array, ConfigError, Selection, Strategy
 from fedjax_sel.kernels import gumbel_top_k
 from fedjax_sel.kernels import oort as ok
-from fedjax_sel.strategies._common import check_weighting, fedavg_weights
+from fedjax_sel.strategies._common import Weighting, fedavg_weights
 from fedjax_sel.strategies.registry import register_strategy
 
 EXPLOIT_RULES = ("original", "fedscale")
@@ -155,7 +155,7 @@ def oort(
     warmup_rounds: int = 1,
     fill_random: bool = True,
     samples_per_round: int = 0,
-    weighting: str = "uniform",
+    weighting: Weighting = "uniform",
 ) -> Strategy:
     """Oort's training selector.
 
@@ -206,7 +206,6 @@ def oort(
             f"oort warmup_rounds and samples_per_round must be >= 0, got {warmup_rounds} and "
             f"{samples_per_round}"
         )
-    check_weighting(weighting)
     window = int(h.pacer_step)
 
     def batch_sizes(num_examples: Array) -> Array:

@@ -3,17 +3,18 @@ keep the m with the highest local loss."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Literal, NamedTuple, get_args
 
 import jax
 import jax.numpy as jnp
 
 from fedjax_sel.base import Array, ConfigError, Selection, Strategy
 from fedjax_sel.kernels import gumbel_top_k
-from fedjax_sel.strategies._common import check_weighting, fedavg_weights
+from fedjax_sel.strategies._common import Weighting, fedavg_weights
 from fedjax_sel.strategies.registry import register_strategy
 
-VARIANTS = ("pow", "cpow", "rpow")
+Variant = Literal["pow", "cpow", "rpow"]
+VARIANTS = get_args(Variant)
 
 
 class PowerOfChoiceState(NamedTuple):
@@ -32,9 +33,9 @@ def power_of_choice(
     *,
     per_round: int,
     d: int = 0,
-    variant: str = "pow",
+    variant: Variant = "pow",
     batch_size: int = 64,
-    weighting: str = "uniform",
+    weighting: Weighting = "uniform",
 ) -> Strategy:
     """Power-of-Choice client selection.
 
@@ -55,11 +56,8 @@ def power_of_choice(
     d = 2 * per_round if d == 0 else int(d)
     if d < per_round:
         raise ConfigError(f"power_of_choice needs d >= per_round ({per_round}), got d={d}")
-    if variant not in VARIANTS:
-        raise ConfigError(f"power_of_choice variant must be one of {VARIANTS}, got {variant!r}")
     if batch_size < 1:
         raise ConfigError(f"power_of_choice batch_size must be >= 1, got {batch_size}")
-    check_weighting(weighting)
 
     def init(key, spec):
         del key

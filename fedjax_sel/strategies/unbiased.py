@@ -6,7 +6,8 @@ bias error vanishes for ``q proportional to alpha / pi``)."""
 from __future__ import annotations
 
 from fedjax_sel.base import Strategy
-from fedjax_sel.strategies._ca_fed_common import availability_weighted
+from fedjax_sel.strategies._ca_fed_common import Estimator, Prior, availability_weighted
+from fedjax_sel.strategies._common import Weighting
 from fedjax_sel.strategies.registry import register_strategy
 
 
@@ -18,10 +19,10 @@ from fedjax_sel.strategies.registry import register_strategy
 def unbiased(
     *,
     per_round: int,
-    estimator: str = "auto",
-    prior: str = "flat",
+    estimator: Estimator = "auto",
+    prior: Prior = "flat",
     prior_rounds: float = 2.0,
-    weighting: str = "size",
+    weighting: Weighting = "size",
 ) -> Strategy:
     """Unbiased: ``S_t = A_t``, ``q_k = alpha_k / pi_hat_k``.
 

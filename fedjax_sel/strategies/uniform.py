@@ -6,7 +6,7 @@ import jax.numpy as jnp
 
 from fedjax_sel.base import Selection, Strategy, init_empty_state, update_identity
 from fedjax_sel.kernels import uniform_without_replacement
-from fedjax_sel.strategies._common import check_weighting, fedavg_weights
+from fedjax_sel.strategies._common import Weighting, fedavg_weights
 from fedjax_sel.strategies.registry import register_strategy
 
 
@@ -15,14 +15,13 @@ from fedjax_sel.strategies.registry import register_strategy
     description="uniform sampling of per_round available clients without replacement (FedAvg)",
     reference="McMahan et al. 2017, Communication-Efficient Learning of Deep Networks",
 )
-def uniform(*, per_round: int, weighting: str = "size") -> Strategy:
+def uniform(*, per_round: int, weighting: Weighting = "size") -> Strategy:
     """Draws ``per_round`` distinct clients uniformly among the available ones.
 
     Args:
       per_round: slots per round; fewer available clients leave slots empty.
       weighting: ``size`` (``n_k / sum n`` over the selected, FedAvg) or ``uniform``.
     """
-    check_weighting(weighting)
 
     def select(state, inputs, oracle, key):
         del oracle
