@@ -250,3 +250,21 @@ def test_round_spec_is_static_and_refuses_what_cannot_work():
         RoundSpec.create(
             ds, model, make_strategy("uniform", 2), local=LocalConfig(), per_round=2, deadline=5.0
         )
+
+
+def test_a_grid_over_strategy_args_merges_with_each_strategys_own(tmp_path):
+    spec = {
+        "sweep": {"seeds": 1},
+        "base": BASE,
+        "grid": {"strategy_args": [{"beta": 0.5}, {"beta": 2.0}]},
+        "strategies": [{"strategy": "fedcvr_bolt", "strategy_args": {"warmup": 1}}],
+    }
+    cells = expand_sweep(spec, tmp_path).cells
+    assert [c.config.strategy_args for c in cells] == [
+        {"beta": 0.5, "warmup": 1},
+        {"beta": 2.0, "warmup": 1},
+    ]
+    assert len({program_key(c.config) for c in cells}) == 1  # beta is traced
+    spec["strategies"][0]["strategy_args"]["beta"] = 1.0
+    with pytest.raises(ConfigError, match=r"sets strategy_args \['beta'\], which the grid varies"):
+        expand_sweep(spec, tmp_path)

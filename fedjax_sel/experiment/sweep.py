@@ -163,6 +163,7 @@ def expand_sweep(spec: Mapping[str, Any], out: str | Path) -> Sweep:
         setting = _setting_name(point)
         for label, entry in zip(labels, strategies, strict=True):
             fields = {**base, **point, **{k: v for k, v in entry.items() if k != "label"}}
+            fields["strategy_args"] = _merged_args(base, point, entry, label)
             fields.update(override)
             for seed in seeds:
                 config = RunConfig.from_dict(
@@ -226,6 +227,25 @@ def parse_tuning(tune: Any, grid: Mapping[str, list], seeds: list[int]) -> Tunin
             f"seeds {seeds}, tuning seeds {tuning_seeds}"
         )
     return Tuning(metric, tuple(tuning_seeds), tuple(axes))
+
+
+def _merged_args(
+    base: Mapping[str, Any], point: Mapping[str, Any], entry: Mapping[str, Any], label: str
+) -> dict[str, Any]:
+    """A cell's ``strategy_args``: the base's, the grid point's (a grid over strategy
+    hyperparameters) and the strategy entry's merged key by key; a key the grid and the entry
+    both set is refused (the entry would silently undo the grid)."""
+    tables = [dict(t.get("strategy_args") or {}) for t in (base, point, entry)]
+    for t, where in zip(tables, ("[base]", "[grid]", f"strategy {label!r}"), strict=True):
+        if not isinstance(t, dict):
+            raise ConfigError(f"sweep: {where} strategy_args must be a table, got {t!r}")
+    both = sorted(set(tables[1]) & set(tables[2]))
+    if both:
+        raise ConfigError(
+            f"sweep: strategy {label!r} sets strategy_args {both}, which the grid varies; "
+            "leave them to the grid"
+        )
+    return {**tables[0], **tables[1], **tables[2]}
 
 
 def load_sweep(path: str | Path, out: str | Path) -> Sweep:
