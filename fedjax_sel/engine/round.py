@@ -18,7 +18,7 @@ or the number of devices.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import chex
 import jax
@@ -457,6 +457,69 @@ def train_phase(
         )
 
 
+class _Report(NamedTuple):
+    strategy_state: Any
+    idx: Array  # each slot's client, K for slots that sent nothing
+    counts: Array
+    weight_sums: Array
+    num_selected: Array
+    train_loss: Array
+    update_norm: Array
+    finite: Array
+
+
+def _report(
+    spec: RoundSpec,
+    state: SimState,
+    strategy_state: Any,
+    data: SimData,
+    selection: Selection,
+    available: Array,
+    new_params: Any,
+    deltas: Any,
+    result: TrainResult,
+    requested: Array,
+    durations: Array,
+) -> _Report:
+    """What a synchronous round and FedBuff's server update both do once the updates are in
+    (``selection``: the slots that sent one, and their weights): the strategy's feedback and
+    update, the selection counts and weight sums, and the log's means over those slots."""
+    mask, clients = selection.mask, selection.clients
+    norms = stacked_norms(deltas)
+    feedback = RoundFeedback(
+        round=state.round,
+        available=available,
+        params=state.params,
+        new_params=new_params,
+        deltas=deltas,
+        train_loss=result.loss,
+        initial_loss=result.initial_loss,
+        loss_sq=result.loss_sq,
+        update_norm=norms,
+        num_examples=jnp.where(mask, data.train.counts[clients], 0),
+        num_steps=result.num_steps,
+        requested=requested,
+        durations=durations,
+    )
+    with jax.named_scope("strategy_update"):
+        strategy_state = spec.strategy.update(strategy_state, selection, feedback)
+    idx = jnp.where(mask, clients, data.train.num_clients)
+    n = jnp.sum(mask)
+    denom = jnp.where(n > 0, n, jnp.nan)
+    return _Report(
+        strategy_state=strategy_state,
+        idx=idx,
+        counts=state.selection_counts.at[idx].add(1, mode="drop"),
+        weight_sums=state.weight_sums.at[idx].add(
+            jnp.where(mask, selection.weights, 0.0), mode="drop"
+        ),
+        num_selected=n,
+        train_loss=jnp.sum(jnp.where(mask, result.loss, 0.0)) / denom,
+        update_norm=jnp.sum(jnp.where(mask, norms, 0.0)) / denom,
+        finite=jnp.all(jnp.array([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(new_params)])),
+    )
+
+
 def aggregate_phase(
     spec: RoundSpec,
     state: SimState,
@@ -486,51 +549,37 @@ def aggregate_phase(
         (new_params, server_state),
         (params, state.server_opt_state),
     )
-    norms = stacked_norms(deltas)
-    feedback = RoundFeedback(
-        round=state.round,
-        available=available,
-        params=params,
-        new_params=new_params,
-        deltas=deltas,
-        train_loss=result.loss,
-        initial_loss=result.initial_loss,
-        loss_sq=result.loss_sq,
-        update_norm=norms,
-        num_examples=jnp.where(mask, data.train.counts[selection.clients], 0),
-        num_steps=result.num_steps,
-        requested=timing.requested,
-        durations=timing.durations,
-    )
-    with jax.named_scope("strategy_update"):
-        strategy_state = spec.strategy.update(state.strategy_state, selection, feedback)
-    k = data.train.num_clients
-    idx = jnp.where(mask, selection.clients, k)
-    counts = state.selection_counts.at[idx].add(1, mode="drop")
-    weight_sums = state.weight_sums.at[idx].add(
-        jnp.where(mask, selection.weights, 0.0), mode="drop"
+    report = _report(
+        spec,
+        state,
+        state.strategy_state,
+        data,
+        selection,
+        available,
+        new_params,
+        deltas,
+        result,
+        timing.requested,
+        timing.durations,
     )
     client_states = state.client_opt_states
     if spec.persistent_client_state and result.opt_states is not None:
         client_states = jax.tree.map(
-            lambda all_s, new_s: all_s.at[idx].set(new_s, mode="drop"),
+            lambda all_s, new_s: all_s.at[report.idx].set(new_s, mode="drop"),
             client_states,
             result.opt_states,
         )
-    n_sel = jnp.sum(mask)
-    denom = jnp.where(n_sel > 0, n_sel, jnp.nan)
-    finite = jnp.all(jnp.array([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(new_params)]))
     log = RoundLog(
         round=state.round,
         clients=selection.clients,
         mask=mask,
         weights=selection.weights,
-        train_loss=jnp.sum(jnp.where(mask, result.loss, 0.0)) / denom,
-        num_selected=n_sel,
+        train_loss=report.train_loss,
+        num_selected=report.num_selected,
         num_available=jnp.sum(available),
-        update_norm=jnp.sum(jnp.where(mask, norms, 0.0)) / denom,
-        finite=finite,
-        diagnostics=round_diagnostics(selection.diagnostics, available, counts),
+        update_norm=report.update_norm,
+        finite=report.finite,
+        diagnostics=round_diagnostics(selection.diagnostics, available, report.counts),
         duration=timing.duration,
         sim_time=state.sim_time + timing.duration,
         dropped=timing.dropped,
@@ -540,10 +589,10 @@ def aggregate_phase(
         round=state.round + 1,
         params=new_params,
         server_opt_state=server_state,
-        strategy_state=strategy_state,
+        strategy_state=report.strategy_state,
         client_opt_states=client_states,
-        selection_counts=counts,
-        weight_sums=weight_sums,
+        selection_counts=report.counts,
+        weight_sums=report.weight_sums,
         sim_time=state.sim_time + timing.duration,
     )
     return state, log
@@ -659,30 +708,20 @@ def event_step(spec, state, data) -> tuple[Any, Any]:
         model_version=v + full.astype(jnp.int32),
     )
     arrived = Selection(arr.client, arr.valid, weights / mode.buffer)
-    norms = stacked_norms(deltas)
-    feedback = RoundFeedback(
-        round=state.round,
-        available=available,
-        params=params,
-        new_params=new_params,
-        deltas=deltas,
-        train_loss=result.loss,
-        initial_loss=result.initial_loss,
-        loss_sq=result.loss_sq,
-        update_norm=norms,
-        num_examples=jnp.where(arr.valid, data.train.counts[arr.client], 0),
-        num_steps=result.num_steps,
-        requested=arr.valid,
-        durations=jnp.where(arr.valid, duration[arr.client], 0.0),
+    report = _report(
+        spec,
+        state,
+        strategy_state,
+        data,
+        arrived,
+        available,
+        new_params,
+        deltas,
+        result,
+        arr.valid,
+        jnp.where(arr.valid, duration[arr.client], 0.0),
     )
-    with jax.named_scope("strategy_update"):
-        strategy_state = spec.strategy.update(strategy_state, arrived, feedback)
-    idx = jnp.where(arr.valid, arr.client, k)
-    counts = state.selection_counts.at[idx].add(1, mode="drop")
-    weight_sums = state.weight_sums.at[idx].add(weights / mode.buffer, mode="drop")
-    n = jnp.sum(arr.valid)
-    denom = jnp.where(n > 0, n, jnp.nan)
-    finite = jnp.all(jnp.array([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(new_params)]))
+    denom = jnp.where(report.num_selected > 0, report.num_selected, jnp.nan)
     diagnostics = dict(selection.diagnostics or {})
     diagnostics.update(
         staleness_mean=jnp.sum(jnp.where(arr.valid, arr.staleness, 0)) / denom,
@@ -694,13 +733,13 @@ def event_step(spec, state, data) -> tuple[Any, Any]:
         round=state.round,
         clients=arr.client,
         mask=arr.valid,
-        weights=weights / mode.buffer,
-        train_loss=jnp.sum(jnp.where(arr.valid, result.loss, 0.0)) / denom,
-        num_selected=n,
+        weights=arrived.weights,
+        train_loss=report.train_loss,
+        num_selected=report.num_selected,
         num_available=jnp.sum(available),
-        update_norm=jnp.sum(jnp.where(arr.valid, norms, 0.0)) / denom,
-        finite=finite,
-        diagnostics=round_diagnostics(diagnostics, idle_clients, counts),
+        update_norm=report.update_norm,
+        finite=report.finite,
+        diagnostics=round_diagnostics(diagnostics, idle_clients, report.counts),
         duration=t_end - state.sim_time,
         sim_time=t_end,
         dropped=jnp.zeros((), jnp.int32),
@@ -710,10 +749,10 @@ def event_step(spec, state, data) -> tuple[Any, Any]:
         round=state.round + 1,
         params=new_params,
         server_opt_state=server_state,
-        strategy_state=strategy_state,
+        strategy_state=report.strategy_state,
         availability_state=availability_state,
-        selection_counts=counts,
-        weight_sums=weight_sums,
+        selection_counts=report.counts,
+        weight_sums=report.weight_sums,
         sim_time=t_end,
         async_state=new_slots,
     )
