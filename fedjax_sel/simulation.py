@@ -215,10 +215,6 @@ class Simulation:
         server_lr = self.server_tx.lr if isinstance(self.server_tx, ServerOptimizer) else 1.0
         return HParams.of(self.local.lr, server_lr, self.local.prox_mu)
 
-    def server_transform(self, hparams: HParams | None) -> optax.GradientTransformation:
-        """The server optimizer at ``hparams``' (traced) server learning rate."""
-        return self.round_spec.server_transform(hparams)
-
     def init(
         self,
         seed: int = 0,
@@ -259,7 +255,7 @@ class Simulation:
             round=jnp.zeros((), jnp.int32),
             key=sim_key,
             params=params,
-            server_opt_state=self.server_transform(None).init(params),
+            server_opt_state=self.round_spec.server_transform(None).init(params),
             strategy_state=strategy_state,
             availability_state=availability_state,
             client_opt_states=client_states,

@@ -19,15 +19,17 @@ its batch in ``config.json`` (``seeds_vmapped``, ``batch_choice``).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import time
 from collections.abc import Callable
 from typing import Any
 
-import jax
-
-from fedjax_sel.training.autotune import autotune_enabled, cache_path, read_cache, write_cache
+from fedjax_sel.training.autotune import (
+    autotune_enabled,
+    cache_path,
+    hashed_key,
+    read_cache,
+    write_cache,
+)
 
 CACHE_VERSION = 1
 IMPROVEMENT = 0.95  # a larger batch must be at least 5% faster per member to go on
@@ -82,17 +84,7 @@ def choose_batch(bound: int, seconds_per_member_round: Callable[[int], float]) -
 
 
 def cache_key(program: str, bound: int) -> str:
-    dev = jax.devices()[0]
-    desc = {
-        "version": CACHE_VERSION,
-        "program": program,
-        "bound": bound,
-        "backend": jax.default_backend(),
-        "device": dev.device_kind,
-        "devices": jax.device_count(),
-        "jax": jax.__version__,
-    }
-    return hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:24]
+    return hashed_key({"version": CACHE_VERSION, "program": program, "bound": bound})
 
 
 def _cache_file():

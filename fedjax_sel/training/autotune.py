@@ -102,7 +102,6 @@ def shape_key(
 ) -> str:
     """What a measurement depends on, hashed: the model's parameter shapes and convolutions,
     the example shape, the clients' sizes, the local work, the backend and the versions."""
-    dev = jax.devices()[0]
     desc = {
         "version": CACHE_VERSION,
         "model": model.name,
@@ -122,12 +121,21 @@ def shape_key(
             cfg.weight_decay > 0,
         ],
         "persistent": persistent,
+    }
+    return hashed_key(desc)
+
+
+def hashed_key(desc: dict[str, Any]) -> str:
+    """A measurement cache's key: ``desc`` with the machine (backend, device kind and count,
+    jax version), hashed."""
+    dev = jax.devices()[0]
+    machine = {
         "backend": jax.default_backend(),
         "device": dev.device_kind,
         "devices": jax.device_count(),
         "jax": jax.__version__,
     }
-    return hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:24]
+    return hashlib.sha256(json.dumps({**desc, **machine}, sort_keys=True).encode()).hexdigest()[:24]
 
 
 def read_cache(path: Path | None = None) -> dict:
