@@ -264,7 +264,7 @@ def tuned_comparison(sweep: Sweep, out: str | Path, echo: Callable = print) -> d
     ``OUT/tuned/comparison.*``; returns the tuning record (with the comparison ``rows``).
     """
     from fedjax_sel.experiment.compare import Run, compare, higher_is_better, metric_value
-    from fedjax_sel.experiment.outputs import SUMMARY, read_json, read_metrics
+    from fedjax_sel.experiment.outputs import METRICS, SUMMARY, read_json, read_metrics
 
     tuning = sweep.tuning
     if tuning is None:
@@ -282,7 +282,7 @@ def tuned_comparison(sweep: Sweep, out: str | Path, echo: Callable = print) -> d
             setting,
             cell.config.seed,
             read_json(cell.out / SUMMARY),
-            read_metrics(cell.out / "metrics.jsonl"),
+            read_metrics(cell.out / METRICS),
         )
 
     scores: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
