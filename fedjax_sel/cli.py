@@ -211,7 +211,15 @@ def cmd_list(a: argparse.Namespace) -> int:
                     print(f"  {'':18s}   {line}")
         print()
 
-    section("strategies (--strategy; --strategy-arg key=value):", STRATEGIES)
+    section(
+        "strategies (--strategy; --strategy-arg key=value):",
+        STRATEGIES,
+        lambda e: (
+            "traced (a grid of them shares one program): " + ", ".join(e.info["traced"])
+            if e.info.get("traced")
+            else ""
+        ),
+    )
     section(
         "data sets (--dataset; --dataset-arg key=value):",
         DATASETS,

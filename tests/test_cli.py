@@ -85,6 +85,7 @@ def test_local_steps_and_epochs_are_exclusive(capsys):
 def test_list_names_everything(capsys):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
+    assert "traced (a grid of them shares one program): eta, gamma, alpha, tau0" in out
     for word in (
         "uniform",
         "power_of_choice",

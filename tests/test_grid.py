@@ -268,3 +268,106 @@ def test_a_grid_over_strategy_args_merges_with_each_strategys_own(tmp_path):
     spec["strategies"][0]["strategy_args"]["beta"] = 1.0
     with pytest.raises(ConfigError, match=r"sets strategy_args \['beta'\], which the grid varies"):
         expand_sweep(spec, tmp_path)
+
+
+OWN_GRID_SPEC = {
+    "sweep": {"seeds": 4, "baseline": "uniform", "tune": {"metric": "final_accuracy", "seeds": 2}},
+    "base": dict(BASE, lr=0.1),
+    "strategies": [
+        {"strategy": "uniform"},
+        {
+            "strategy": "active_fl",
+            "strategy_args": {"alpha3": 0.25},
+            "grid": {"strategy_args": {"alpha2": [0.01, 5.0]}},
+        },
+    ],
+}
+
+
+def test_a_strategys_own_grid_is_labelled_run_in_one_program_and_tuned(tmp_path, monkeypatch):
+    """``[[strategies]] grid``: the points of one strategy's own option (the others lack it)
+    are labelled cells of one program, paired against the baseline, and always tuned."""
+    groups = []
+    real = run_lib.run_group
+
+    def counting(configs, *args, **kwargs):
+        groups.append(sorted({c.label for c in configs}))
+        return real(configs, *args, **kwargs)
+
+    monkeypatch.setattr(run_lib, "run_group", counting)
+    sweep = expand_sweep(OWN_GRID_SPEC, tmp_path)
+    labels = sorted({c.label for c in sweep.cells})
+    low, high = "active_fl[strategy_args.alpha2=0.01]", "active_fl[strategy_args.alpha2=5.0]"
+    assert labels == [low, high, "uniform"]
+    cell = next(c for c in sweep.cells if c.label == high)
+    assert cell.config.strategy_args == {"alpha2": 5.0, "alpha3": 0.25} and cell.setting == ""
+    run_sweep(sweep, tmp_path, progress=False, echo=lambda *a: None)
+    assert sorted(groups) == [[low, high], ["uniform"]]
+
+    def final(label, seed):
+        c = next(c for c in sweep.cells if c.label == label and c.config.seed == seed)
+        return json.loads((c.out / "summary.json").read_text())["final_accuracy"]
+
+    rows = json.loads((tmp_path / "comparison.json").read_text())
+    assert {r["strategy"] for r in rows} >= {low, high}
+    means = {x: np.mean([final(x, s) for s in (0, 1)]) for x in (low, high)}
+    best = max(means, key=means.get)  # ties: the first in grid order, as max keeps
+    tuning = json.loads((tmp_path / "tuning.json").read_text())
+    (choice,) = [c for c in tuning["choices"] if c["strategy"] == "active_fl"]
+    assert choice["chosen"] == {"strategy_args.alpha2": 0.01 if best == low else 5.0}
+    assert choice["score"] == pytest.approx(means[best])
+    tuned = json.loads((tmp_path / "tuned" / "comparison.json").read_text())
+    row = next(r for r in tuned if r["strategy"] == "active_fl" and r["metric"] == "final_accuracy")
+    a, b = [final(best, s) for s in (2, 3)], [final("uniform", s) for s in (2, 3)]
+    assert row["seeds"] == 2 and row["mean"] == pytest.approx(np.mean(a))
+    assert row["diff"] == pytest.approx(np.mean(np.subtract(a, b)))
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"grid": {"strategy_args": [{"alpha2": 1.0}]}}, r"grids \['strategy_args'\], which"),
+        ({"entry_args": {"alpha2": 1.0}}, r"sets strategy_args \['alpha2'\], which the grid"),
+        ({"own": {"lr": 0.1}}, "'lr' must be a non-empty list, got 0.1"),
+        ({"baseline": "active_fl"}, "baseline 'active_fl' has a grid of its own"),
+        (
+            {"grid": {"strategy_args": [{"alpha2": 1.0}]}, "keep": 1},
+            r"set strategy_args \['alpha2'\] twice",
+        ),
+    ],
+)
+def test_bad_own_grids_are_named(tmp_path, change, match):
+    import copy
+
+    spec = copy.deepcopy(OWN_GRID_SPEC)
+    entry = spec["strategies"][1]
+    entry["grid"]["strategy_args"] = {"alpha2": [0.01, 5.0]}
+    if "grid" in change:
+        spec["grid"] = change["grid"]
+        if "keep" not in change:
+            entry["grid"] = {"strategy_args": [{"alpha2": 2.0}]}
+    if "entry_args" in change:
+        entry["strategy_args"].update(change["entry_args"])
+    if "own" in change:
+        entry["grid"].update(change["own"])
+    if "baseline" in change:
+        spec["sweep"]["baseline"] = change["baseline"]
+    with pytest.raises(ConfigError, match=match):
+        expand_sweep(spec, tmp_path)
+
+
+def test_the_docs_list_every_strategys_traced_hyperparameters():
+    """docs/extending.md's table of traced hyperparameters is the registry's."""
+    from pathlib import Path
+
+    from fedjax_sel.strategies import STRATEGIES
+    from fedjax_sel.strategies.registry import traced_hyperparams
+
+    text = (Path(__file__).parents[1] / "docs" / "extending.md").read_text()
+    table = text.split("### Traced hyperparameters", 1)[1].split("\n\n")[1]
+    documented = {
+        row.split("|")[1].strip(): tuple(x.strip(" `") for x in row.split("|")[2].split(","))
+        for row in table.splitlines()[2:]
+    }
+    registered = {n: traced_hyperparams(n) for n in sorted(STRATEGIES) if traced_hyperparams(n)}
+    assert documented == registered

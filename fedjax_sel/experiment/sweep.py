@@ -33,6 +33,15 @@ A sweep file (TOML or JSON) has four parts::
     strategy = "power_of_choice"
     strategy_args = { d = 10 }
 
+    [[strategies]]            # a grid of the strategy's own, crossed with [grid]
+    strategy = "active_fl"
+    grid = { strategy_args.alpha2 = [0.01, 0.1, 1.0] }
+
+A grid axis is a ``RunConfig`` field, ``strategy_args`` (a list of tables, merged into each
+cell's) or ``strategy_args.<name>`` (the values of one strategy option). An entry's own grid is
+crossed with ``[grid]``; its points are labelled ``label[axis=value,...]`` in ``comparison.*``
+and, with ``[sweep.tune]``, always tuned (the other strategies need not have the option).
+
 Each cell (strategy x grid point x seed) is a run folder ``OUT/runs/<setting>/<label>/seed<S>``
 written exactly as ``fedjax-sel run`` writes one. Cells that differ only in their seed and in
 traced hyperparameters (learning rates, FedProx mu: :func:`~fedjax_sel.experiment.loop.
@@ -72,6 +81,12 @@ class Cell:
     label: str
     setting: str = ""
     point: dict[str, Any] = dataclasses.field(default_factory=dict)
+    strategy: str = ""  # the [[strategies]] entry's label (label adds its own grid's point)
+    own_axes: tuple[str, ...] = ()  # the axes of the entry's own grid
+
+    @property
+    def entry(self) -> str:
+        return self.strategy or self.label
 
 
 @dataclasses.dataclass
@@ -135,42 +150,52 @@ def expand_sweep(spec: Mapping[str, Any], out: str | Path) -> Sweep:
     seeds = list(range(int(seeds))) if isinstance(seeds, int) else [int(s) for s in seeds]
     if not seeds:
         raise ConfigError("sweep: seeds must be a positive number or a non-empty list")
-    for key, values in grid.items():
-        if not isinstance(values, list) or not values:
-            raise ConfigError(f"sweep: grid {key!r} must be a non-empty list, got {values!r}")
-        if key in ("seed", "label"):
-            raise ConfigError(f"sweep: {key!r} cannot be a grid axis (use [sweep] seeds)")
-    labels = []
+    grid = grid_axes(grid, "[grid]")
+    labels, own_grids = [], []
     for entry in strategies:
         if not isinstance(entry, Mapping):
             raise ConfigError(f"sweep: each [[strategies]] entry must be a table, got {entry!r}")
         labels.append(
             str(entry.get("label") or entry.get("strategy") or base.get("strategy") or "uniform")
         )
+        own = grid_axes(entry.get("grid") or {}, f"strategy {labels[-1]!r} grid")
+        clash = sorted(set(own) & set(grid))
+        if clash:
+            raise ConfigError(
+                f"sweep: strategy {labels[-1]!r} grids {clash}, which [grid] already varies"
+            )
+        own_grids.append(own)
     if len(set(labels)) != len(labels):
         raise ConfigError(f"sweep: strategy labels must be distinct (set label=...), got {labels}")
     baseline = options.get("baseline")
     if baseline is not None and baseline not in labels:
         raise ConfigError(f"sweep: baseline {baseline!r} is not one of the strategies {labels}")
+    if own_grids[labels.index(baseline) if baseline is not None else 0]:
+        raise ConfigError(
+            f"sweep: the baseline {baseline or labels[0]!r} has a grid of its own; every point "
+            "is paired against one baseline, so give it fixed values (or tune it on [grid])"
+        )
     together = options.get("seeds_together", "auto")
     if together != "auto" and not (isinstance(together, int) and together >= 1):
         raise ConfigError(f"sweep: seeds_together must be 'auto' or >= 1, got {together!r}")
     cells = []
     out = Path(out)
-    keys = list(grid)
-    for values in itertools.product(*(grid[k] for k in keys)):
-        point = dict(zip(keys, values, strict=True))
+    for point in _points(grid):
         setting = _setting_name(point)
-        for label, entry in zip(labels, strategies, strict=True):
-            fields = {**base, **point, **{k: v for k, v in entry.items() if k != "label"}}
-            fields["strategy_args"] = _merged_args(base, point, entry, label)
-            fields.update(override)
-            for seed in seeds:
-                config = RunConfig.from_dict(
-                    {**fields, "seed": seed, "label": label}, source="sweep"
-                ).validate()
-                where = out / "runs" / _slug(setting) / _slug(label) / f"seed{seed}"
-                cells.append(Cell(config, where, label, setting, point))
+        for label, entry, own in zip(labels, strategies, own_grids, strict=True):
+            entry_fields = {k: v for k, v in entry.items() if k not in ("label", "grid")}
+            for own_point in _points(own):
+                full = {**point, **own_point}
+                name = f"{label}[{_setting_name(own_point)}]" if own_point else label
+                fields = {**base, **_fields_of(full), **entry_fields}
+                fields["strategy_args"] = _merged_args(base, full, entry, label)
+                fields.update(override)
+                for seed in seeds:
+                    config = RunConfig.from_dict(
+                        {**fields, "seed": seed, "label": name}, source="sweep"
+                    ).validate()
+                    where = out / "runs" / _slug(setting) / _slug(name) / f"seed{seed}"
+                    cells.append(Cell(config, where, name, setting, full, label, tuple(own)))
     for c in cells:
         c.config.resolve()
     compare_options = {k: options[k] for k in COMPARE_OPTIONS if k in options}
@@ -183,12 +208,46 @@ def expand_sweep(spec: Mapping[str, Any], out: str | Path) -> Sweep:
                 f"sweep: [sweep] percent must be true or false, got {options['percent']!r}"
             )
         compare_options["percent"] = options["percent"]
-    tuning = None if "tune" not in options else parse_tuning(options["tune"], grid, seeds)
+    tuning = None
+    if "tune" in options:
+        tuning = parse_tuning(options["tune"], grid, seeds, own=any(own_grids))
     return Sweep(cells, baseline, together, dict(spec), compare_options, tuning)
 
 
-def parse_tuning(tune: Any, grid: Mapping[str, list], seeds: list[int]) -> Tuning:
-    """Checks ``[sweep.tune]`` (see the module docstring) against the grid and the seeds."""
+def grid_axes(grid: Any, where: str) -> dict[str, list]:
+    """The axes of a grid table: ``field -> values``; ``strategy_args`` either a list of
+    tables or a table ``name -> values`` (axes ``strategy_args.<name>``)."""
+    if not isinstance(grid, Mapping):
+        raise ConfigError(f"sweep: {where} must be a table of field -> values, got {grid!r}")
+    axes = {}
+    for key, values in grid.items():
+        if key == "strategy_args" and isinstance(values, Mapping):
+            axes.update(grid_axes({f"strategy_args.{k}": v for k, v in values.items()}, where))
+            continue
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"sweep: {where} {key!r} must be a non-empty list, got {values!r}")
+        if key in ("seed", "label", "grid"):
+            raise ConfigError(f"sweep: {key!r} cannot be a grid axis (use [sweep] seeds)")
+        axes[key] = list(values)
+    return axes
+
+
+def _points(axes: Mapping[str, list]) -> list[dict[str, Any]]:
+    """The crossed points of ``axes``, in grid order (one empty point without axes)."""
+    keys = list(axes)
+    return [dict(zip(keys, v, strict=True)) for v in itertools.product(*axes.values())]
+
+
+def _fields_of(point: Mapping[str, Any]) -> dict[str, Any]:
+    """The RunConfig fields a grid point sets (its strategy options go to _merged_args)."""
+    return {k: v for k, v in point.items() if not k.startswith("strategy_args")}
+
+
+def parse_tuning(
+    tune: Any, grid: Mapping[str, list], seeds: list[int], *, own: bool = False
+) -> Tuning:
+    """Checks ``[sweep.tune]`` (see the module docstring) against the grid and the seeds
+    (``own``: some strategy has a grid of its own, always tuned)."""
     from fedjax_sel.experiment.compare import SUMMARY_METRICS
 
     if not isinstance(tune, Mapping):
@@ -209,7 +268,7 @@ def parse_tuning(tune: Any, grid: Mapping[str, list], seeds: list[int]) -> Tunin
     axes = tune.get("axes", list(grid))
     if isinstance(axes, str):
         axes = [axes]
-    if not axes or not set(axes) <= set(grid):
+    if (not axes and not own) or not set(axes) <= set(grid):
         raise ConfigError(
             f"sweep: [sweep.tune] axes {axes!r} must be grid axes; the grid has {sorted(grid)}"
         )
@@ -233,12 +292,28 @@ def _merged_args(
     base: Mapping[str, Any], point: Mapping[str, Any], entry: Mapping[str, Any], label: str
 ) -> dict[str, Any]:
     """A cell's ``strategy_args``: the base's, the grid point's (a grid over strategy
-    hyperparameters) and the strategy entry's merged key by key; a key the grid and the entry
-    both set is refused (the entry would silently undo the grid)."""
-    tables = [dict(t.get("strategy_args") or {}) for t in (base, point, entry)]
-    for t, where in zip(tables, ("[base]", "[grid]", f"strategy {label!r}"), strict=True):
-        if not isinstance(t, dict):
-            raise ConfigError(f"sweep: {where} strategy_args must be a table, got {t!r}")
+    hyperparameters: ``strategy_args`` tables and ``strategy_args.<name>`` values) and the
+    strategy entry's merged key by key; a key the grid and the entry both set is refused (the
+    entry would silently undo the grid)."""
+    for t, where in ((base, "[base]"), (point, "[grid]"), (entry, f"strategy {label!r}")):
+        if not isinstance(t.get("strategy_args") or {}, Mapping):
+            raise ConfigError(
+                f"sweep: {where} strategy_args must be a table, got {t['strategy_args']!r}"
+            )
+    from_grid = dict(point.get("strategy_args") or {})
+    by_name = {k.split(".", 1)[1]: v for k, v in point.items() if k.startswith("strategy_args.")}
+    twice = sorted(set(from_grid) & set(by_name))
+    if twice:
+        raise ConfigError(
+            f"sweep: strategy {label!r}: the grids set strategy_args {twice} twice "
+            "(a strategy_args table and a strategy_args.<name> axis)"
+        )
+    from_grid.update(by_name)
+    tables = [
+        dict(base.get("strategy_args") or {}),
+        from_grid,
+        dict(entry.get("strategy_args") or {}),
+    ]
     both = sorted(set(tables[1]) & set(tables[2]))
     if both:
         raise ConfigError(
@@ -256,7 +331,8 @@ def load_sweep(path: str | Path, out: str | Path) -> Sweep:
 def tuned_comparison(sweep: Sweep, out: str | Path, echo: Callable = print) -> dict[str, Any]:
     """The tuned comparison of a finished sweep with ``[sweep.tune]``.
 
-    Per strategy and per setting of the untuned axes, every point of the tuned axes is scored
+    Per strategy and per setting of the untuned axes, every point of the tuned axes (and of
+    the strategy's own grid) is scored
     by the mean of ``metric`` over the tuning seeds (a run without the metric, e.g. diverged,
     scores worst) and the best point is chosen (ties: the first in grid order). The chosen
     points are then compared, paired by seed against the baseline, on the remaining seeds only:
@@ -272,13 +348,19 @@ def tuned_comparison(sweep: Sweep, out: str | Path, echo: Callable = print) -> d
     out = Path(out)
     better = higher_is_better(tuning.metric)
 
+    def tuned_axes(cell: Cell) -> tuple[str, ...]:
+        return (*tuning.axes, *cell.own_axes)
+
     def rest_of(cell: Cell) -> str:
-        return _setting_name({k: v for k, v in cell.point.items() if k not in tuning.axes})
+        return _setting_name({k: v for k, v in cell.point.items() if k not in tuned_axes(cell)})
+
+    def tuned_of(cell: Cell) -> dict[str, Any]:
+        return {k: cell.point[k] for k in tuned_axes(cell)}
 
     def run_of(cell: Cell, setting: str) -> Run:
         return Run(
             cell.out,
-            cell.label,
+            cell.entry,
             setting,
             cell.config.seed,
             read_json(cell.out / SUMMARY),
@@ -289,8 +371,8 @@ def tuned_comparison(sweep: Sweep, out: str | Path, echo: Callable = print) -> d
     for cell in sweep.cells:
         if cell.config.seed not in tuning.seeds:
             continue
-        tuned = {k: cell.point[k] for k in tuning.axes}
-        entry = scores.setdefault((cell.label, rest_of(cell)), {}).setdefault(
+        tuned = tuned_of(cell)
+        entry = scores.setdefault((cell.entry, rest_of(cell)), {}).setdefault(
             _setting_name(tuned), {"point": tuned, "values": {}}
         )
         entry["values"][cell.config.seed] = metric_value(run_of(cell, ""), tuning.metric)
@@ -326,7 +408,7 @@ def tuned_comparison(sweep: Sweep, out: str | Path, echo: Callable = print) -> d
         run_of(cell, rest_of(cell))
         for cell in sweep.cells
         if cell.config.seed not in tuning.seeds
-        and {k: cell.point[k] for k in tuning.axes} == chosen[(cell.label, rest_of(cell))]
+        and tuned_of(cell) == chosen[(cell.entry, rest_of(cell))]
     ]
     if any(c.config.data_seed is not None for c in sweep.cells):
         echo(
