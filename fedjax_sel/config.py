@@ -75,9 +75,11 @@ def setting(
 _S, _D, _T, _R = "selection", "data and model", "training", "run"
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class RunConfig:
     """Everything ``fedjax-sel run`` takes (``fedjax-sel run --help`` documents each field).
+
+    Frozen: :meth:`validate`, :meth:`resolve` and :meth:`replace` return new configurations.
 
     ``local_steps`` and ``local_epochs`` are exclusive; when neither is given, 10 local steps.
     ``None`` for ``num_clients``, ``partition`` and ``model`` means the data set's default.
@@ -281,15 +283,15 @@ class RunConfig:
 
     # ------------------------------------------------------------------------- checks
     def validate(self) -> RunConfig:
-        """Checks every value that can be checked without the registries; returns ``self``."""
+        """Checks every value that can be checked without the registries; returns the
+        configuration with its values converted to their fields' types."""
         hints = typing.get_type_hints(RunConfig)
+        values = {}
         for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            value = convert(value, hints[f.name], what="configuration", key=f.name)
-            if isinstance(value, dict):
-                value = dict(value)
-            setattr(self, f.name, value)
-            meta = f.metadata
+            value = convert(getattr(self, f.name), hints[f.name], what="configuration", key=f.name)
+            values[f.name] = dict(value) if isinstance(value, dict) else value
+        for f in dataclasses.fields(self):
+            value, meta = values[f.name], f.metadata
             # a tuple's bounds hold for each of its numbers (accuracy targets in (0, 1])
             numbers = value if isinstance(value, tuple) else (value,)
             for number in numbers:
@@ -300,26 +302,29 @@ class RunConfig:
                 if not _in_range(number, meta):
                     raise ConfigError(f"{f.name} must be {_range_text(meta)}, got {value!r}")
             other = meta["exclusive"]
-            if other and value is not None and getattr(self, other) is not None:
+            if other and value is not None and values[other] is not None:
                 raise ConfigError(
                     f"give {_flag(f)} or {_flag(_field(other))}, not both (got {f.name}={value} "
-                    f"and {other}={getattr(self, other)})"
+                    f"and {other}={values[other]})"
                 )
-        if self.local_steps is None and self.local_epochs is None and self.mode == "global":
-            self.local_steps = 10
-        return self
+        if values["local_steps"] is None and values["local_epochs"] is None:
+            if values["mode"] == "global":
+                values["local_steps"] = 10
+        return dataclasses.replace(self, **values)
 
     def resolve(self) -> RunConfig:
-        """Validates and types the option dictionaries through their registries (unknown or
-        malformed options: a :class:`ConfigError` naming them); returns ``self``."""
-        self.validate()
-        if self.mode == "personalized":
+        """The validated configuration with its option dictionaries typed through their
+        registries (unknown or malformed options: a :class:`ConfigError` naming them); ``self``
+        is unchanged. Resolving a resolved configuration returns an equal one."""
+        config = self.validate()
+        changes: dict[str, Any] = {}
+        if config.mode == "personalized":
             from fedjax_sel.personalized.methods import PERSONALIZED_METHODS
 
             # what the personalized engine never reads: refused rather than silently ignored
             ignored = [
                 _flag(f)
-                for f in dataclasses.fields(self)
+                for f in dataclasses.fields(config)
                 if f.name in PERSONALIZED_IGNORES and getattr(self, f.name) != f.default
             ]
             if ignored:
@@ -328,43 +333,47 @@ class RunConfig:
                     f"and ignores {', '.join(ignored)}: leave them out"
                 )
 
-            self.strategy_args = PERSONALIZED_METHODS.resolve(self.strategy, self.strategy_args)
+            changes["strategy_args"] = PERSONALIZED_METHODS.resolve(
+                config.strategy, config.strategy_args
+            )
         else:
             from fedjax_sel.strategies import STRATEGIES
 
-            self.strategy_args = STRATEGIES.resolve(self.strategy, self.strategy_args)
+            changes["strategy_args"] = STRATEGIES.resolve(config.strategy, config.strategy_args)
         from fedjax_sel.availability import AVAILABILITY
         from fedjax_sel.data.datasets import DATASETS
         from fedjax_sel.models import MODELS
         from fedjax_sel.registry import parse_spec
 
-        self.dataset_args = DATASETS.resolve(self.dataset, self.dataset_args)
-        model = self.model or DATASETS[self.dataset].info["default_model"]
-        self.model_args = MODELS.resolve(model, self.model_args)
-        name, positional, pairs = parse_spec(self.availability, what="availability")
+        changes["dataset_args"] = DATASETS.resolve(config.dataset, config.dataset_args)
+        model = config.model or DATASETS[config.dataset].info["default_model"]
+        changes["model_args"] = MODELS.resolve(model, config.model_args)
+        name, positional, pairs = parse_spec(config.availability, what="availability")
         AVAILABILITY.resolve(name, pairs, positional)
-        if self.system is not None:
+        if config.system is not None:
             from fedjax_sel.system import SYSTEMS
 
-            name, positional, pairs = parse_spec(self.system, what="system model")
+            name, positional, pairs = parse_spec(config.system, what="system model")
             SYSTEMS.resolve(name, pairs, positional)
-        elif self.deadline is not None or self.overcommit != 1.0:
+        elif config.deadline is not None or config.overcommit != 1.0:
             raise ConfigError(
                 "--deadline and --overcommit need device profiles: give --system (e.g. "
                 "--system lognormal)"
             )
-        if self.asynchronous is not None:
+        if config.asynchronous is not None:
             from fedjax_sel.fedbuff import from_spec as async_from_spec
 
-            if self.mode != "global":
+            if config.mode != "global":
                 raise ConfigError("--async runs global-model strategies (mode=global) only")
-            if self.system is None:
+            if config.system is None:
                 raise ConfigError(
                     "--async needs device profiles for its clock: give --system (e.g. "
                     "--system lognormal)"
                 )
-            self.per_round = async_from_spec(self.asynchronous, self.per_round).concurrency
-        return self
+            changes["per_round"] = async_from_spec(
+                config.asynchronous, config.per_round
+            ).concurrency
+        return dataclasses.replace(config, **changes)
 
     # ------------------------------------------------------------------------- (de)serialise
     def to_dict(self) -> dict[str, Any]:

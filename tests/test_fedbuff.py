@@ -3,6 +3,8 @@ one arrival at a time (same arrival order, same model versions, same parameters)
 
 from __future__ import annotations
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -285,7 +287,9 @@ def test_async_run_writes_simulated_time(tmp_path):
         parallel="vmap",
     )
     run_experiment(cfg, tmp_path, progress=False, echo=lambda *a, **k: None)
-    assert cfg.per_round == 4
+    # the resolved run has the concurrency in flight; the caller's configuration is unchanged
+    written = json.loads((tmp_path / "config.json").read_text())["config"]
+    assert written["per_round"] == 4 and cfg.per_round == 10
     rows = read_metrics(tmp_path / "metrics.jsonl")
     times = [r["sim_time_s"] for r in rows]
     assert len(rows) == 2 and 0 < times[0] < times[1]

@@ -272,7 +272,7 @@ def test_paper_size_data_sets_on_fake_files(tmp_path):
         500,
     )
     cfg = repro.make_config(repro.filfl_methods("rs")[1], cifar, "paper", str(tmp_path))
-    cfg.resolve()
+    cfg = cfg.resolve()
     assert cfg.dataset == "cifar10" and cfg.strategy_args["filter_size"] == 500
 
 

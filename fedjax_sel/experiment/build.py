@@ -61,7 +61,7 @@ def build_simulation(
 ) -> Simulation:
     """The :class:`Simulation` of ``config`` (loading the data unless given; ``model``
     replaces the configured one, e.g. a user's own flax model)."""
-    config.resolve()
+    config = config.resolve()
     dataset = dataset if dataset is not None else load_data_for(config)
     slots = system_lib.overcommitted(config.per_round, config.overcommit, dataset.num_clients)
     model = model if model is not None else model_for(config, dataset)

@@ -214,7 +214,7 @@ def run_personalized(
     resume: bool = True,
 ) -> list[run_lib.RunResult]:
     """Runs one personalized configuration through :func:`fedjax_sel.experiment.loop.drive`."""
-    config.resolve()
+    config = config.resolve()
     dataset, program = cached_program(config, dataset)
     member = run_lib.Member(config, None if out is None else Path(out), info=dict(info or {}))
     fresh = program.init(config.seed)

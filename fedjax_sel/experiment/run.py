@@ -224,8 +224,7 @@ def run_group(
     """
     if not configs:
         return []
-    for c in configs:
-        c.resolve()
+    configs = [c.resolve() for c in configs]
     if len({program_key(c) for c in configs}) > 1:
         raise ConfigError(
             "run_group: the configurations differ in more than their seeds and traced "
@@ -347,7 +346,7 @@ def run_experiment(
     when ``out_dir`` is ``None``). ``resume``: continue from ``out_dir``'s checkpoint when it
     has one (a finished run is returned as it is)."""
     out = None if out_dir is None else Path(out_dir)
-    config.resolve()
+    config = config.resolve()
     if resume and out is not None:
         done = finished_result(config, out)
         if done is not None:

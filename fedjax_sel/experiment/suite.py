@@ -492,7 +492,7 @@ def deadline_for(suite: Suite, task: Task, scenario: Scenario, draws: int = 4000
     config = cell_config(
         suite, task, scenario, baseline, seed=suite.seeds[0], lr=None, deadline=1.0
     )
-    config.resolve()
+    config = config.resolve()
     dataset = load_data_for(config)
     model = model_for(config, dataset)
     kbit = system_lib.model_kbit(jax.eval_shape(model.init, jax.random.key(0)))

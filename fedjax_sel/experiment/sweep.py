@@ -197,7 +197,7 @@ def expand_sweep(spec: Mapping[str, Any], out: str | Path) -> Sweep:
                     where = out / "runs" / _slug(setting) / _slug(name) / f"seed{seed}"
                     cells.append(Cell(config, where, name, setting, full, label, tuple(own)))
     for c in cells:
-        c.config.resolve()
+        c.config = c.config.resolve()
     compare_options = {k: options[k] for k in COMPARE_OPTIONS if k in options}
     for key, values in compare_options.items():
         if not isinstance(values, list):
