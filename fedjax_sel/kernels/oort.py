@@ -112,10 +112,16 @@ def preferred_duration(durations: Array, round_threshold: Array) -> Array:
     return jnp.where(round_threshold < 100.0, jnp.sort(durations)[idx], jnp.inf)
 
 
-def duration_penalty(durations: Array, d_pref: Array, round_penalty: float) -> Array:
-    """System utility: ``(D* / max(1e-4, d))^alpha`` for clients slower than ``D*``, else 1."""
+def duration_penalty(durations: Array, d_pref: Array, round_penalty: float | Array) -> Array:
+    """System utility: ``(D* / max(1e-4, d))^alpha`` for clients slower than ``D*``, else 1.
+
+    ``round_penalty`` may be traced. XLA computes a power by the constant 2 as ``x * x`` (the
+    presets' alpha): a traced 2 does the same, so both give the same bits. (Other constants
+    it may also rewrite, e.g. 0.5 and 3 on CPU, so a traced 0.5 or 3 can differ from the
+    constant in the last bit.)"""
     ratio = d_pref / jnp.maximum(durations, 1e-4)
-    return jnp.where(durations > d_pref, ratio**round_penalty, 1.0)
+    powered = jnp.where(round_penalty == 2.0, ratio * ratio, ratio**round_penalty)
+    return jnp.where(durations > d_pref, powered, 1.0)
 
 
 def pacer(round_threshold: Array, history: Array, t: Array, step: int, delta: float) -> Array:

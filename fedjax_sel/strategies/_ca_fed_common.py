@@ -16,7 +16,8 @@ Availability estimates ``(pi_hat, lambda_hat)`` come from one of
 The Beta prior is centred on ``pi_0 = 1/2, lambda_0 = 0`` (``prior="flat"``) or, as in the
 reference code, on the true parameters (``prior="truth"``, needs an availability model that
 exposes them); its weight is ``prior_rounds`` pseudo-rounds (2 = a uniform Beta(1, 1) on pi;
-the reference code uses 100).
+the reference code uses 100). Every strategy of the family traces ``prior_rounds`` in its state
+(a grid of it shares one compiled program).
 
 Diagnostics (``Selection.diagnostics``, every round; docs/ca_fed.md), all fixed-size and
 O(K) to compute, none K-sized in the logs:
@@ -48,6 +49,7 @@ import numpy as np
 
 from fedjax_sel.availability import estimators as est
 from fedjax_sel.base import Array, ConfigError, RoundInputs, Selection, Strategy, update_identity
+from fedjax_sel.strategies.hyperparams import inject_hyperparams
 
 Estimator = Literal["auto", "oracle", "bayes", "reference"]
 Prior = Literal["flat", "truth"]
@@ -168,44 +170,49 @@ class CountsState(NamedTuple):
 
 def availability_weighted(
     per_round: int,
-    rule: Callable[[Array, Array, Array], tuple[Array, Array]],
+    rule: Callable[..., tuple[Array, Array]],
     *,
     estimator: str,
     prior: str,
     prior_rounds: float,
     weighting: str,
+    **traced: float,
 ) -> Strategy:
     """A strategy that trains ``selected`` clients with weights ``q`` where
-    ``rule(alpha, pi_hat, available) -> (selected bool[K], q float32[K])`` (Unbiased, AdaFed,
-    More-available). Slots go to the selected clients of largest ``q``. Its diagnostics are
-    those of the module docstring (``kept``: the clients the rule would train were they
-    available)."""
+    ``rule(alpha, pi_hat, available, **traced) -> (selected bool[K], q float32[K])`` (Unbiased,
+    AdaFed, More-available). Slots go to the selected clients of largest ``q``. Its diagnostics
+    are those of the module docstring (``kept``: the clients the rule would train were they
+    available). ``prior_rounds`` and the rule's own numeric hyperparameters ``traced`` are
+    traced in the state (:func:`~fedjax_sel.strategies.hyperparams.inject_hyperparams`)."""
     check_availability_args(estimator, prior, prior_rounds, weighting)
 
     def init(key, spec):
         del key
         return CountsState(est.init_counts(spec.num_clients))
 
-    def select(state, inputs, oracle, key):
-        del oracle, key
-        pi_hat, lam_hat, counts = availability_estimates(
-            state.counts, inputs, estimator=estimator, prior=prior, prior_rounds=prior_rounds
-        )
-        alpha = target_importance(inputs.num_examples, weighting)
-        selected, q = rule(alpha, pi_hat, inputs.available)
-        clients, mask = pack_slots(selected, q, per_round)
-        weights = jnp.where(mask, q[clients], 0.0)
-        k = inputs.available.shape[0]
-        kept, _ = rule(alpha, pi_hat, jnp.ones_like(inputs.available))
-        diagnostics = round_diagnostics(
-            client_groups(inputs, pi_hat, lam_hat),
-            kept,
-            slot_mask(clients, mask, k),
-            slot_weights(clients, mask, weights, k),
-        )
-        return Selection(clients, mask, weights, diagnostics=diagnostics), CountsState(counts)
+    def build(prior_rounds, **hyper):  # floats, or traced scalars inside the round
+        def select(state, inputs, oracle, key):
+            del oracle, key
+            pi_hat, lam_hat, counts = availability_estimates(
+                state.counts, inputs, estimator=estimator, prior=prior, prior_rounds=prior_rounds
+            )
+            alpha = target_importance(inputs.num_examples, weighting)
+            selected, q = rule(alpha, pi_hat, inputs.available, **hyper)
+            clients, mask = pack_slots(selected, q, per_round)
+            weights = jnp.where(mask, q[clients], 0.0)
+            k = inputs.available.shape[0]
+            kept, _ = rule(alpha, pi_hat, jnp.ones_like(inputs.available), **hyper)
+            diagnostics = round_diagnostics(
+                client_groups(inputs, pi_hat, lam_hat),
+                kept,
+                slot_mask(clients, mask, k),
+                slot_weights(clients, mask, weights, k),
+            )
+            return Selection(clients, mask, weights, diagnostics=diagnostics), CountsState(counts)
 
-    return Strategy(init, select, update_identity)
+        return Strategy(init, select, update_identity)
+
+    return inject_hyperparams(build, **traced, prior_rounds=prior_rounds)
 
 
 # ----------------------------------------------------------------------------- F_k^*

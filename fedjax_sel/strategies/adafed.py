@@ -16,6 +16,7 @@ from fedjax_sel.strategies.registry import register_strategy
 
 @register_strategy(
     "adafed",
+    traced=("prior_rounds",),
     description="every available client, weights alpha/pi normalised over the available ones",
     reference="Tan et al. 2022 (AdaFed) as run by Rodio et al. 2023 (CA-Fed), section V-A c",
 )
@@ -35,6 +36,8 @@ def adafed(
       estimator, prior, prior_rounds: where ``pi_hat`` comes from (see
         :mod:`fedjax_sel.strategies._ca_fed_common`).
       weighting: ``alpha``: ``size`` (``n_k / n``) or ``uniform``.
+
+    Traced (a grid of it shares one program): ``prior_rounds``.
     """
 
     def rule(alpha, pi_hat, available):

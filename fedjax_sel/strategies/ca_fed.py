@@ -50,6 +50,7 @@ from fedjax_sel.base import Array, ConfigError, Selection, Strategy, update_iden
 from fedjax_sel.kernels.ca_fed import ca_fed_exclusions, ca_fed_objective
 from fedjax_sel.strategies import _ca_fed_common as common
 from fedjax_sel.strategies._common import Weighting
+from fedjax_sel.strategies.hyperparams import inject_hyperparams
 from fedjax_sel.strategies.registry import register_strategy
 
 Optimum = Literal["running_min", "zero", "given"]
@@ -95,6 +96,7 @@ def update_loss_estimates(
 
 @register_strategy(
     "ca_fed",
+    traced=("kappa2", "tau", "beta", "prior_rounds"),
     description="CA-Fed: weights alpha/pi on clients kept by a greedy exclusion of correlated, "
     "rarely available ones (use per_round = K)",
     reference="Rodio et al., Federated Learning under Heterogeneous and Correlated Client "
@@ -144,6 +146,11 @@ def ca_fed(
       weighting: ``alpha``: ``size`` (``n_k / n``, the paper) or ``uniform``.
       keep_all_when_flat: keep every client when ``Gamma' = 0`` (see the module docstring).
       trace: add the K-sized ``kept`` and ``available`` masks to the diagnostics.
+
+    Traced (a grid of them shares one program): ``kappa2``, ``tau``, ``beta``,
+    ``prior_rounds``. Eq. 17's ``1 - beta`` is then a float32 difference, where it was a
+    float64 one rounded to float32: the same bits for ``beta`` = 1 (the default) or 0.5, and
+    possibly one ulp apart for others (e.g. 0.058).
     """
     common.check_availability_args(estimator, prior, prior_rounds, weighting)
     if not kappa2 >= 0:
@@ -192,42 +199,45 @@ def ca_fed(
             return jnp.zeros_like(loss_min)
         return given
 
-    def select(state, inputs, oracle, key):
-        pi_hat, lam_hat, counts = common.availability_estimates(
-            state.counts, inputs, estimator=estimator, prior=prior, prior_rounds=prior_rounds
-        )
-        loss = reported_losses(inputs, oracle, key).astype(jnp.float32)
-        loss_est, loss_min, started = update_loss_estimates(
-            state.loss_est, state.loss_min, state.started, loss, inputs.available, beta
-        )
-        gap = jnp.where(started, loss_est - optimum_estimate(loss_min), 0.0)
-        alpha = common.target_importance(inputs.num_examples, weighting)
-        kept, gamma = ca_fed_exclusions(
-            alpha, gap, pi_hat, lam_hat, kappa2=kappa2, tau=tau, lambda_order=lambda_order
-        )
-        if keep_all_when_flat:
-            kept = kept | (gamma <= 0)
-        q = alpha / pi_hat
-        clients, mask = common.pack_slots(kept & inputs.available, q, per_round)
-        weights = jnp.where(mask, q[clients], 0.0)
-        k = inputs.available.shape[0]
-        diagnostics = common.round_diagnostics(
-            common.client_groups(inputs, pi_hat, lam_hat),
-            kept,
-            common.slot_mask(clients, mask, k),
-            common.slot_weights(clients, mask, weights, k),
-        )
-        diagnostics.update(
-            excluded=jnp.sum(~kept),
-            excluded_available=jnp.sum(~kept & inputs.available),
-            gamma=gamma.astype(jnp.float32),
-            eps_hat=ca_fed_objective(alpha, gap, gamma, kept, kappa2).astype(jnp.float32),
-        )
-        if trace:
-            diagnostics.update(
-                kept=kept.astype(jnp.float32), available=inputs.available.astype(jnp.float32)
+    def build(kappa2, tau, beta, prior_rounds):  # floats, or traced scalars inside the round
+        def select(state, inputs, oracle, key):
+            pi_hat, lam_hat, counts = common.availability_estimates(
+                state.counts, inputs, estimator=estimator, prior=prior, prior_rounds=prior_rounds
             )
-        new_state = CAFedState(counts, loss_est, loss_min, started)
-        return Selection(clients, mask, weights, diagnostics=diagnostics), new_state
+            loss = reported_losses(inputs, oracle, key).astype(jnp.float32)
+            loss_est, loss_min, started = update_loss_estimates(
+                state.loss_est, state.loss_min, state.started, loss, inputs.available, beta
+            )
+            gap = jnp.where(started, loss_est - optimum_estimate(loss_min), 0.0)
+            alpha = common.target_importance(inputs.num_examples, weighting)
+            kept, gamma = ca_fed_exclusions(
+                alpha, gap, pi_hat, lam_hat, kappa2=kappa2, tau=tau, lambda_order=lambda_order
+            )
+            if keep_all_when_flat:
+                kept = kept | (gamma <= 0)
+            q = alpha / pi_hat
+            clients, mask = common.pack_slots(kept & inputs.available, q, per_round)
+            weights = jnp.where(mask, q[clients], 0.0)
+            k = inputs.available.shape[0]
+            diagnostics = common.round_diagnostics(
+                common.client_groups(inputs, pi_hat, lam_hat),
+                kept,
+                common.slot_mask(clients, mask, k),
+                common.slot_weights(clients, mask, weights, k),
+            )
+            diagnostics.update(
+                excluded=jnp.sum(~kept),
+                excluded_available=jnp.sum(~kept & inputs.available),
+                gamma=gamma.astype(jnp.float32),
+                eps_hat=ca_fed_objective(alpha, gap, gamma, kept, kappa2).astype(jnp.float32),
+            )
+            if trace:
+                diagnostics.update(
+                    kept=kept.astype(jnp.float32), available=inputs.available.astype(jnp.float32)
+                )
+            new_state = CAFedState(counts, loss_est, loss_min, started)
+            return Selection(clients, mask, weights, diagnostics=diagnostics), new_state
 
-    return Strategy(init, select, update_identity)
+        return Strategy(init, select, update_identity)
+
+    return inject_hyperparams(build, kappa2=kappa2, tau=tau, beta=beta, prior_rounds=prior_rounds)

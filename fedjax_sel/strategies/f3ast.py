@@ -17,6 +17,7 @@ estimates client ``k``'s participation rate:
 
 from __future__ import annotations
 
+import functools
 from typing import Literal, NamedTuple, get_args
 
 import jax.numpy as jnp
@@ -25,6 +26,7 @@ from fedjax_sel.availability import estimators as est
 from fedjax_sel.base import Array, ConfigError, Selection, Strategy, update_identity
 from fedjax_sel.strategies import _ca_fed_common as common
 from fedjax_sel.strategies._common import Weighting
+from fedjax_sel.strategies.hyperparams import inject_hyperparams
 from fedjax_sel.strategies.registry import register_strategy
 
 Variant = Literal["paper", "reference"]
@@ -34,7 +36,9 @@ RATE_FLOOR = 1e-6
 
 class F3astState(NamedTuple):
     """``counts``: availability statistics; ``rate``: float32[K], ``r_k`` (``paper``: the
-    selection EMA; ``reference``: this round's rate); ``beta``: float32 scalar."""
+    selection EMA; ``reference``: this round's rate); ``beta``: float32 scalar, the weight of
+    the last round (``1 / T`` before the first: the weight ``beta = 0`` stands for, which only
+    ``init`` knows)."""
 
     counts: est.AvailabilityCounts
     rate: Array
@@ -43,6 +47,7 @@ class F3astState(NamedTuple):
 
 @register_strategy(
     "f3ast",
+    traced=("beta", "prior_rounds"),
     description="top-m available clients by alpha^2/r^2, weights alpha/r (r: selection-rate EMA)",
     reference="Ribero, Vikalo, de Veciana 2023 (F3AST), as in Rodio et al. 2023 (CA-Fed)",
 )
@@ -67,6 +72,9 @@ def f3ast(
       estimator, prior, prior_rounds: where ``pi_hat`` comes from (``reference`` variant; see
         :mod:`fedjax_sel.strategies._ca_fed_common`).
       weighting: ``alpha``: ``size`` (``n_k / n``) or ``uniform``.
+
+    Traced (a grid of them shares one program): ``beta`` (0 included: its ``1 / T`` is kept in
+    the state) and ``prior_rounds``.
     """
     common.check_availability_args(estimator, prior, prior_rounds, weighting)
     m = per_round if budget == 0 else int(budget)
@@ -78,16 +86,19 @@ def f3ast(
     def init(key, spec):
         del key
         k = spec.num_clients
-        b = beta if beta > 0 else 1.0 / spec.num_rounds
         rate = jnp.full((k,), min(m / k, 1.0), jnp.float32)
-        return F3astState(est.init_counts(k), rate, jnp.float32(b))
+        return F3astState(est.init_counts(k), rate, jnp.float32(1.0 / spec.num_rounds))
 
-    def select(state, inputs, oracle, key):
+    def build(beta, prior_rounds):  # floats, or traced scalars inside the round
+        return Strategy(init, functools.partial(select, beta, prior_rounds), update_identity)
+
+    def select(beta, prior_rounds, state, inputs, oracle, key):
         del oracle, key
         pi_hat, lam_hat, counts = common.availability_estimates(
             state.counts, inputs, estimator=estimator, prior=prior, prior_rounds=prior_rounds
         )
-        b = state.beta
+        # beta = 0 means 1 / T: the state's weight (1 / T from init) stays
+        b = jnp.where(beta > 0, jnp.asarray(beta, jnp.float32), state.beta)
         rate = state.rate if variant == "paper" else (1 - b) * pi_hat + b
         rate = jnp.maximum(rate, RATE_FLOOR)
         alpha = common.target_importance(inputs.num_examples, weighting)
@@ -111,4 +122,4 @@ def f3ast(
             counts, rate, b
         )
 
-    return Strategy(init, select, update_identity)
+    return inject_hyperparams(build, beta=beta, prior_rounds=prior_rounds)

@@ -45,6 +45,10 @@ class InjectedState(_Injected):
 
     __slots__ = ()
 
+    # tuple's own methods would shadow the inner state's fields of these names (Oort's count)
+    count = property(lambda self: self.inner.count)
+    index = property(lambda self: self.inner.index)
+
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)

@@ -15,6 +15,7 @@ from fedjax_sel.strategies.registry import register_strategy
 
 @register_strategy(
     "more_available",
+    traced=("threshold", "prior_rounds"),
     description="only available clients with pi >= threshold, weight alpha/pi (use per_round = K)",
     reference="Rodio et al. 2023 (CA-Fed), section V-A c, baseline More available",
 )
@@ -35,11 +36,13 @@ def more_available(
       estimator, prior, prior_rounds: where ``pi_hat`` comes from (see
         :mod:`fedjax_sel.strategies._ca_fed_common`).
       weighting: ``alpha``: ``size`` (``n_k / n``) or ``uniform``.
+
+    Traced (a grid of them shares one program): ``threshold``, ``prior_rounds``.
     """
     if not 0 <= threshold <= 1:
         raise ConfigError(f"more_available threshold must lie in [0, 1], got {threshold!r}")
 
-    def rule(alpha, pi_hat, available):
+    def rule(alpha, pi_hat, available, threshold):  # threshold: a float, or traced
         return available & (pi_hat >= threshold), alpha / pi_hat
 
     return availability_weighted(
@@ -49,4 +52,5 @@ def more_available(
         prior=prior,
         prior_rounds=prior_rounds,
         weighting=weighting,
+        threshold=threshold,
     )

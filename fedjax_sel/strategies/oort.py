@@ -34,6 +34,7 @@ rank; the first ``warmup_rounds`` rounds are uniform (both codes start with a no
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -43,14 +44,39 @@ from fedjax_sel.base import Array, ConfigError, Selection, Strategy
 from fedjax_sel.kernels import gumbel_top_k
 from fedjax_sel.kernels import oort as ok
 from fedjax_sel.strategies._common import Weighting, fedavg_weights
+from fedjax_sel.strategies.hyperparams import inject_hyperparams
 from fedjax_sel.strategies.registry import register_strategy
 
 EXPLOIT_RULES = ("original", "fedscale")
 _TINY = 1e-30
+# traced in the state (a grid of them shares one program); the other options are static:
+# pacer_step is the pacer's period and the length of its history, sample_window and
+# candidate_floor set top_k depths (shapes) and candidate_floor > 0 a code path,
+# blacklist_rounds >= 0 turns the blacklist on and blacklist_max_len caps it with a float64
+# floor of a Python product, exploit_rule and zero_exploration choose code paths
+TRACED = (
+    "exploration_factor",
+    "exploration_decay",
+    "exploration_min",
+    "cut_off_util",
+    "clip_bound",
+    "round_threshold",
+    "round_penalty",
+    "pacer_delta",
+)
+# the initial state's scalars that start at a traced value (epsilon, epsilon_min,
+# round_threshold) hold this until the first select fills them in: a state made by init with one
+# value and switched to another (``with_hyperparams``) then starts at the new one; every valid
+# value is >= 0
+_UNSET = -1.0
 
 
 class OortState(NamedTuple):
     """Per-client arms (length K) and the selector's scalars.
+
+    ``epsilon``, ``epsilon_min`` and ``round_threshold`` start unset (``-1``: the
+    traced ``exploration_factor``, ``exploration_min`` and ``round_threshold`` of the first
+    ``select``).
 
     Attributes:
       reward: statistical utility (the size prior ``|B_i|`` until explored).
@@ -83,6 +109,25 @@ def _as_bool(name: str, value) -> bool:
     if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false", "no"):
         return value.lower() in ("1", "true", "yes", "on")
     raise ConfigError(f"oort {name} must be true or false, got {value!r}")
+
+
+def _started(state: OortState, h: ok.OortHyper) -> OortState:
+    """``state`` with its unset scalars (``_UNSET``) at their starting values."""
+
+    def fill(value, start):
+        return jnp.where(value < 0, jnp.asarray(start, jnp.float32), value)
+
+    return state._replace(
+        epsilon=fill(state.epsilon, h.exploration_factor),
+        epsilon_min=fill(state.epsilon_min, h.exploration_min),
+        round_threshold=fill(state.round_threshold, h.round_threshold),
+    )
+
+
+def preset_values(strategy_args: dict) -> dict:
+    """The traced options that ``strategy_args`` leaves at ``None``: its preset's values
+    (``traced_defaults`` of the registration)."""
+    return resolve_hyper(str(strategy_args.get("preset") or "original"), {})._asdict()
 
 
 def resolve_hyper(preset: str, overrides: dict) -> ok.OortHyper:
@@ -129,6 +174,8 @@ def resolve_hyper(preset: str, overrides: dict) -> ok.OortHyper:
 
 @register_strategy(
     "oort",
+    traced=TRACED,
+    traced_defaults=preset_values,
     description="Oort: statistical x system utility, exploration, pacer, over-commitment "
     "(presets original / fedscale)",
     reference="Lai et al. 2021, Oort: Efficient FL via Guided Participant Selection (OSDI)",
@@ -179,8 +226,13 @@ def oort(
       samples_per_round: the size prior ``|B_i| = min(n_i, samples_per_round)`` of unexplored
         clients (local_steps * batch_size in both codes); 0: ``n_i`` (one epoch).
       weighting: ``uniform`` (the codes' mean of the K updates) or ``size``.
+
+    Traced (:data:`TRACED`; a grid of them shares one program): ``exploration_factor``,
+    ``exploration_decay``, ``exploration_min``, ``cut_off_util``, ``clip_bound``,
+    ``round_threshold``, ``round_penalty``, ``pacer_delta``. The others are static (shapes,
+    periods or code paths; see :data:`TRACED`'s comment).
     """
-    h = resolve_hyper(
+    hyper = resolve_hyper(
         preset,
         dict(
             exploration_factor=exploration_factor,
@@ -206,7 +258,7 @@ def oort(
             f"oort warmup_rounds and samples_per_round must be >= 0, got {warmup_rounds} and "
             f"{samples_per_round}"
         )
-    window = int(h.pacer_step)
+    window = int(hyper.pacer_step)
 
     def batch_sizes(num_examples: Array) -> Array:
         n = num_examples.astype(jnp.float32)
@@ -222,16 +274,28 @@ def oort(
             duration=jnp.zeros((k,), jnp.float32),
             time_stamp=jnp.zeros((k,), jnp.int32),
             count=jnp.zeros((k,), jnp.int32),
-            epsilon=jnp.float32(h.exploration_factor),
-            epsilon_min=jnp.float32(h.exploration_min),
-            round_threshold=jnp.float32(h.round_threshold),
+            epsilon=jnp.float32(_UNSET),
+            epsilon_min=jnp.float32(_UNSET),
+            round_threshold=jnp.float32(_UNSET),
             exploit_history=jnp.zeros((2 * window,), jnp.float32),
             last_exploit=none,
             last_explore=none,
         )
 
-    def select(state, inputs, oracle, key):
+    def build(**traced):  # floats, or traced scalars inside the round
+        h = hyper._replace(**traced)
+        return Strategy(
+            init,
+            functools.partial(select, h),
+            update,
+            metrics=functools.partial(metrics, h),
+            needs_system=True,
+            asynchronous=True,
+        )
+
+    def select(h, state, inputs, oracle, key):
         del oracle
+        state = _started(state, h)
         k = state.reward.shape[0]
         kp = per_round
         slots = jnp.arange(kp)
@@ -360,12 +424,13 @@ def oort(
             exploit_history=ok.push_history(state.exploit_history, exploit_utility),
         )
 
-    def metrics(state, params, evaluator):
+    def metrics(h, state, params, evaluator):
         del params, evaluator
+        state = _started(state, h)
         return {
             "oort_round_threshold": state.round_threshold,
             "oort_exploration": state.epsilon,
             "oort_explored_fraction": jnp.mean(state.count > 0),
         }
 
-    return Strategy(init, select, update, metrics=metrics, needs_system=True, asynchronous=True)
+    return inject_hyperparams(build, **{name: getattr(hyper, name) for name in TRACED})

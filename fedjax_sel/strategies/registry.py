@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from fedjax_sel.base import ConfigError, Strategy
-from fedjax_sel.registry import Entry, Registry
+from fedjax_sel.registry import Entry, Registry, convert
 
 STRATEGIES = Registry("strategy", fixed=("per_round",), package="fedjax_sel.strategies")
 
@@ -23,12 +23,18 @@ def register_strategy(
     reference: str = "",
     replace: bool = False,
     traced: tuple[str, ...] = (),
+    traced_defaults: Callable[[dict], dict] | None = None,
 ) -> Callable:
     """Decorator registering a strategy factory under ``name`` (see :class:`Registry`).
     ``traced``: the hyperparameters the factory traces through its state
-    (:func:`fedjax_sel.strategies.hyperparams.inject_hyperparams`)."""
+    (:func:`fedjax_sel.strategies.hyperparams.inject_hyperparams`). ``traced_defaults``: for
+    traced options whose default is ``None`` (filled in by the factory from another option,
+    e.g. Oort's ``preset``), ``strategy_args -> {name: value}`` gives the values they take."""
+    info: dict = {"traced": tuple(traced)}
+    if traced_defaults is not None:
+        info["traced_defaults"] = traced_defaults
     return STRATEGIES.register(
-        name, description=description, reference=reference, replace=replace, traced=tuple(traced)
+        name, description=description, reference=reference, replace=replace, **info
     )
 
 
@@ -39,11 +45,18 @@ def traced_hyperparams(name: str) -> tuple[str, ...]:
 
 def traced_values(name: str, strategy_args: dict) -> dict[str, float]:
     """The values of strategy ``name``'s traced hyperparameters given its arguments (the
-    factory's defaults for those not given)."""
+    factory's defaults for those not given, or ``None``: its ``traced_defaults``)."""
     entry = STRATEGIES[name]
+    filled = None
     out = {}
     for key in traced_hyperparams(name):
-        value = strategy_args.get(key, entry.options[key].default)
+        option = entry.options[key]
+        value = strategy_args.get(key, option.default)
+        value = convert(value, option.annotation, what=f"strategy {name!r}", key=key)
+        if value is None:
+            if filled is None:
+                filled = entry.info["traced_defaults"](dict(strategy_args))
+            value = filled[key]
         out[key] = float(value)
     return out
 

@@ -13,6 +13,7 @@ from fedjax_sel.strategies.registry import register_strategy
 
 @register_strategy(
     "unbiased",
+    traced=("prior_rounds",),
     description="every available client, weight alpha/pi (unnormalised; use per_round = K)",
     reference="Rodio et al. 2023 (CA-Fed), section V-A c, baseline Unbiased",
 )
@@ -32,6 +33,8 @@ def unbiased(
       estimator, prior, prior_rounds: where ``pi_hat`` comes from (see
         :mod:`fedjax_sel.strategies._ca_fed_common`).
       weighting: ``alpha``: ``size`` (``n_k / n``) or ``uniform``.
+
+    Traced (a grid of it shares one program): ``prior_rounds``.
     """
 
     def rule(alpha, pi_hat, available):
