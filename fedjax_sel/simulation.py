@@ -198,7 +198,9 @@ class Simulation:
     def spec(self, params: Params, dataset: FederatedDataset | None = None) -> SimSpec:
         ds = dataset or self.dataset
         label_counts = None
-        if ds.num_classes is not None and ds.task == "classification":
+        # one label per example; sequence targets (next-word prediction) have no histogram:
+        # [K, vocabulary] would be 13.7 GB for Stack Overflow's 342,477 users
+        if ds.num_classes is not None and ds.task == "classification" and not ds.train.target_shape:
             label_counts = ds.train.label_counts(ds.num_classes)
         return SimSpec(
             num_clients=ds.num_clients,

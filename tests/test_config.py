@@ -191,6 +191,21 @@ def _fake_cifar(path):
     return path
 
 
+def _tiny_stackoverflow(path):
+    """TFF's Stack Overflow layout, three users and a two-word vocabulary."""
+    import h5py
+
+    text = h5py.string_dtype()
+    for split, users in (("train", {"1": ["a b", "b"], "2": ["a"], "3": ["b c a"]}),
+                         ("test", {"1": ["b a"], "3": ["a"]})):  # fmt: skip
+        with h5py.File(path / f"stackoverflow_{split}.h5", "w") as f:
+            for cid, sentences in users.items():
+                tokens = np.array([s.encode() for s in sentences], object)
+                f.create_dataset(f"examples/{cid}/tokens", data=tokens, dtype=text)
+    (path / "stackoverflow.word_count").write_text("a\t3\nb\t2\n")
+    return path
+
+
 @pytest.mark.parametrize("model", sorted(MODELS))
 def test_cli_flags_to_a_simulation_for_every_registered_model(model, tmp_path, data_dir):
     """Flags -> RunConfig -> Simulation, for each model on a data set of its input kind."""
@@ -211,6 +226,16 @@ def test_cli_flags_to_a_simulation_for_every_registered_model(model, tmp_path, d
             "--model-arg",
             "lstm_hidden=16,lstm_layers=1",
         ],
+        "lstm_words": [
+            "--dataset",
+            "stackoverflow",
+            "--data-dir",
+            str(_tiny_stackoverflow(tmp_path)),
+            "--dataset-arg",
+            "vocab_size=2,sequence_length=4",
+            "--model-arg",
+            "embed_dim=4,lstm_hidden=8",
+        ],
         "resnet18": [
             "--dataset",
             "cifar10",
@@ -226,7 +251,7 @@ def test_cli_flags_to_a_simulation_for_every_registered_model(model, tmp_path, d
     config = config_from_flags(ns).resolve()
     sim = build_simulation(config)
     assert sim.model.name == model and sim.per_round == 2
-    assert sim.dataset.num_clients == (config.num_clients or 20)
+    assert sim.dataset.num_clients == (config.num_clients or {"lstm_words": 3}.get(model, 20))
     x = sim.dataset.test_x[:2]
     import jax
 

@@ -36,3 +36,16 @@ def test_char_lstm_counts_every_time_step():
     lstm = make_model("lstm", input_shape=(80,), num_classes=80)
     per_example = 2 * 80 * ((8 + 256) * 4 * 256 + (256 + 256) * 4 * 256) + 2 * 256 * 80
     assert forward_flops(lstm.module, jnp.zeros((1, 80), jnp.int32)) == per_example
+
+
+def test_stackoverflow_word_lstm():
+    """TFF's Stack Overflow model at every one of 20 positions: embedding 96 (a lookup, no
+    FLOPs), LSTM 670 over 96 inputs, dense 670 -> 96, dense 96 -> 10,004 logits; 4,050,748
+    parameters (Reddi et al. 2021)."""
+    import jax
+
+    model = make_model("lstm_words", input_shape=(20,), num_classes=10004)
+    per_example = 2 * 20 * ((96 + 670) * 4 * 670 + 670 * 96 + 96 * 10004)
+    assert forward_flops(model.module, jnp.zeros((1, 20), jnp.int32)) == per_example
+    params = jax.eval_shape(model.init, jax.random.key(0))
+    assert sum(p.size for p in jax.tree.leaves(params)) == 4_050_748

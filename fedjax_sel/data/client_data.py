@@ -33,7 +33,9 @@ class ClientData:
 
     Attributes:
       x: padded ``[K, n_max, *feature_shape]`` or flat ``[N, *feature_shape]`` features.
-      y: padded ``[K, n_max]`` or flat ``[N]`` targets (int labels or float regression targets).
+      y: padded ``[K, n_max, *target_shape]`` or flat ``[N, *target_shape]`` targets (int
+        labels or float regression targets: ``target_shape`` is ``()``; token sequences
+        ``[T]`` for next-word prediction).
       counts: int32[K], examples held by each client.
       offsets: int32[K], first row of each client in the flat layout (zeros when padded).
       layout: ``"padded"`` or ``"flat"`` (static).
@@ -57,6 +59,11 @@ class ClientData:
     @property
     def feature_shape(self) -> tuple[int, ...]:
         return tuple(self.x.shape[2:] if self.layout == "padded" else self.x.shape[1:])
+
+    @property
+    def target_shape(self) -> tuple[int, ...]:
+        """Shape of one example's target: ``()`` for a label, ``(T,)`` for a sequence."""
+        return tuple(self.y.shape[2:] if self.layout == "padded" else self.y.shape[1:])
 
     @property
     def num_rows(self) -> int:
@@ -126,7 +133,12 @@ class ClientData:
         return x, y
 
     def label_counts(self, num_classes: int) -> Array:
-        """float32[K, num_classes] histogram of each client's labels."""
+        """float32[K, num_classes] histogram of each client's labels (one label per example)."""
+        if self.target_shape:
+            raise ConfigError(
+                f"label histograms need one label per example; these targets are sequences "
+                f"of shape {self.target_shape}"
+            )
         _, y, client, valid = self.rows()
         onehot = jax.nn.one_hot(y, num_classes) * valid[:, None]
         return jax.ops.segment_sum(onehot, client, num_segments=self.num_clients)

@@ -12,6 +12,9 @@ the published per-client train/test split and client sizes exactly as the files 
 * ``shakespeare_tff``: TFF's ``shakespeare_{train,test}.h5``, 715 roles, each snippet cut into
   80-character windows.
 
+Stack Overflow (TFF's ``stackoverflow_{train,test}.h5``, next-word prediction) is
+:mod:`fedjax_sel.data.dataset_stackoverflow`, built with :func:`finish_natural`.
+
 The three TFF data sets also read FedJAX's SQLite copies of the same clients
 (``--dataset-arg format=fedjax``: ``federated_emnist_{train,test}.sqlite``,
 ``federated_cifar100_{train,test}.sqlite``, ``shakespeare_{train,test}.sqlite``).
@@ -32,7 +35,7 @@ import numpy as np
 
 from fedjax_sel.base import ConfigError
 from fedjax_sel.data import shakespeare
-from fedjax_sel.data.client_data import from_client_arrays
+from fedjax_sel.data.client_data import ClientData, from_client_arrays
 from fedjax_sel.data.datasets import FederatedDataset, register_dataset
 from fedjax_sel.data.federated_files import (
     ClientExamples,
@@ -114,12 +117,33 @@ def assemble_natural(
             central_test = ClientExamples(
                 np.concatenate([t.x for t in tests]), np.concatenate([t.y for t in tests])
             )
+    return finish_natural(
+        name, ids, train_data, test_data, central_test, num_classes=num_classes,
+        default_model=default_model, info=info, x_scale=x_scale,
+    )  # fmt: skip
+
+
+def finish_natural(
+    name: str,
+    ids: list[str],
+    train_data: ClientData,
+    test_data: ClientData | None,
+    central_test: ClientExamples | None,
+    *,
+    num_classes: int,
+    default_model: str,
+    info: dict[str, Any],
+    x_scale: float | None = None,
+) -> FederatedDataset:
+    """The :class:`FederatedDataset` of clients ``ids`` stored as ``train_data`` (and
+    ``test_data``), with the central test set ``central_test`` and the provenance and size
+    figures every natural data set records in ``info``."""
     if central_test is None or len(central_test.y) == 0:
         raise ConfigError(f"{name}: the files hold no test examples for these clients")
     tx = jnp.asarray(central_test.x)
     if x_scale is not None:
         tx = tx.astype(jnp.float32) * x_scale
-    sizes = np.asarray([len(y) for y in ys])
+    sizes = np.asarray(train_data.counts)
     info = dict(
         info,
         partition="natural",

@@ -212,6 +212,27 @@ def iter_tff_clients(
             yield cid, {k: g[k][()] for k in features}
 
 
+def tff_feature_lengths(path: Path, feature: str, clients: list[str]) -> np.ndarray:
+    """int64[len(clients)]: the examples of ``feature`` held by each of ``clients`` in a TFF
+    HDF5 file, read from the datasets' shapes (no example is read)."""
+    h5py = _h5py()
+    out = np.zeros(len(clients), np.int64)
+    with h5py.File(path, "r") as f:
+        group = f["examples"]
+        for i, cid in enumerate(clients):
+            if cid not in group:
+                raise ConfigError(f"TFF file {str(path)!r}: no client {cid!r}")
+            g = group[cid]
+            if feature not in g:
+                raise ConfigError(
+                    f"TFF file {str(path)!r}, client {cid!r}: no feature {feature!r} "
+                    f"(it has {sorted(g.keys())})"
+                )
+            shape = g[feature].shape
+            out[i] = shape[0] if shape else 1
+    return out
+
+
 def subsample(
     ids: list[str], num_clients: int | None, seed: int, name: str
 ) -> tuple[list[str], dict[str, Any]]:

@@ -197,6 +197,15 @@ class RoundSpec:
                 f"model {model.name!r} solves {model.task} but data set {dataset.name!r} is "
                 f"{dataset.task}"
             )
+        targets = dataset.train.target_shape
+        if model.target_ndim != len(targets):
+            raise ConfigError(
+                f"model {model.name!r} predicts "
+                + ("a token sequence" if model.target_ndim else "one target")
+                + f" per example but data set {dataset.name!r} has targets of shape "
+                f"{targets or '()'}"
+                + (" (next-word prediction: use --model lstm_words)" if targets else "")
+            )
         if system is None and (deadline is not None or overcommit != 1.0):
             raise ConfigError(
                 "a deadline or over-commitment needs device profiles: give a system model "

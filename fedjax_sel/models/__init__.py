@@ -20,6 +20,8 @@ from fedjax_sel.models.base import (
     masked_mean,
     register_model,
     ridge,
+    sequence_accuracy,
+    sequence_cross_entropy,
     squared_error,
 )
 
@@ -33,5 +35,7 @@ __all__ = [
     "masked_mean",
     "register_model",
     "ridge",
+    "sequence_accuracy",
+    "sequence_cross_entropy",
     "squared_error",
 ]

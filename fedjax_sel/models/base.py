@@ -38,6 +38,9 @@ class Model(NamedTuple):
       module: the flax module behind ``apply`` (``from_linen``), or ``None``.
       conv_impl: how its ``nn.Conv`` layers compute: ``patches`` (im2col + matmul,
         :mod:`fedjax_sel.models.conv`) or ``xla`` (``lax.conv``); ``None`` when it has none.
+      target_ndim: dimensions of one example's target: 0 for one label or value per example,
+        1 for a sequence of token targets ``y[B, T]`` (outputs ``[B, T, V]``; ``loss`` and
+        ``correct`` still give one number per example, see :func:`sequence_cross_entropy`).
     """
 
     name: str
@@ -50,6 +53,7 @@ class Model(NamedTuple):
     cpu_parallel: str = "map"
     module: Any = None
     conv_impl: str | None = None
+    target_ndim: int = 0
 
 
 def cross_entropy(logits: Array, labels: Array) -> Array:
@@ -65,6 +69,23 @@ def squared_error(pred: Array, target: Array) -> Array:
 
 def argmax_correct(logits: Array, labels: Array) -> Array:
     return (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
+
+
+def sequence_cross_entropy(logits: Array, targets: Array, pad: int = 0) -> Array:
+    """Per-sequence next-token loss: the mean cross-entropy over the targets of each sequence
+    that are not ``pad`` (``logits[B, T, V]``, ``targets[B, T]`` -> float32[B]; 0 for a
+    sequence of padding only)."""
+    ce = cross_entropy(logits, targets)
+    keep = (targets != pad).astype(jnp.float32)
+    return jnp.sum(ce * keep, axis=-1) / jnp.maximum(jnp.sum(keep, axis=-1), 1.0)
+
+
+def sequence_accuracy(logits: Array, targets: Array, counted: Array) -> Array:
+    """Per-sequence token accuracy: the fraction of the ``counted`` targets (bool[B, T]) whose
+    argmax prediction is right (float32[B]; 0 for a sequence with no counted target)."""
+    right = (jnp.argmax(logits, axis=-1) == targets.astype(jnp.int32)) & counted
+    n = jnp.sum(counted.astype(jnp.float32), axis=-1)
+    return jnp.sum(right.astype(jnp.float32), axis=-1) / jnp.maximum(n, 1.0)
 
 
 def masked_mean(values: Array, mask: Array) -> Array:
