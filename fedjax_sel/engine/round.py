@@ -389,7 +389,18 @@ def apply_timing(spec: RoundSpec, state: SimState, selection: Selection, system)
     return selection, timing
 
 
-def select_phase(spec: RoundSpec, state: SimState, data: SimData):
+class _Choice(NamedTuple):
+    available: Array
+    availability_state: Any
+    eligible: Array  # the clients the strategy could pick (available, and idle under FedBuff)
+    system: tuple | None  # per client compute and communication seconds and steps
+    selection: Selection
+    strategy_state: Any
+
+
+def _choose(spec: RoundSpec, state: SimState, data: SimData, busy: Array | None = None) -> _Choice:
+    """Availability, the device timing and the strategy's pick among the available clients
+    (not ``busy``): what a synchronous round and FedBuff's server update both start with."""
     k_avail, k_select, k_train = round_keys(state)
     with jax.named_scope("availability"):
         available, availability_state = spec.availability.step(state.availability_state, k_avail)
@@ -400,9 +411,10 @@ def select_phase(spec: RoundSpec, state: SimState, data: SimData):
     if spec.system is not None:
         with jax.named_scope("system"):
             system = client_durations(spec, state, data)
+    eligible = available if busy is None else available & ~busy
     inputs = RoundInputs(
         state.round,
-        available,
+        eligible,
         state.params,
         data.train.counts,
         truth,
@@ -421,10 +433,17 @@ def select_phase(spec: RoundSpec, state: SimState, data: SimData):
         mask=selection.mask.astype(bool),
         weights=selection.weights.astype(jnp.float32),
     )
+    return _Choice(available, availability_state, eligible, system, selection, strategy_state)
+
+
+def select_phase(spec: RoundSpec, state: SimState, data: SimData):
+    choice = _choose(spec, state, data)
     with jax.named_scope("system"):
-        selection, timing = apply_timing(spec, state, selection, system)
-    state = state.replace(strategy_state=strategy_state, availability_state=availability_state)
-    return state, selection._replace(timing=timing), available
+        selection, timing = apply_timing(spec, state, choice.selection, choice.system)
+    state = state.replace(
+        strategy_state=choice.strategy_state, availability_state=choice.availability_state
+    )
+    return state, selection._replace(timing=timing), choice.available
 
 
 def start_params(spec: RoundSpec, state: SimState, selection: Selection):
@@ -529,6 +548,62 @@ def _report(
     )
 
 
+def _server_update(spec: RoundSpec, state: SimState, delta: Any, apply: Array) -> tuple:
+    """The server optimizer's step on the aggregated ``delta`` where ``apply`` (else the model
+    and the optimizer state as they were: momentum, Adam and weight decay would otherwise
+    still move the model)."""
+    with jax.named_scope("server_step"):
+        new_params, server_state = server_step(
+            spec.server_transform(state.hparams), state.params, state.server_opt_state, delta
+        )
+    return jax.tree.map(
+        lambda new, old: jnp.where(apply, new, old),
+        (new_params, server_state),
+        (state.params, state.server_opt_state),
+    )
+
+
+def _close(
+    state: SimState,
+    report: _Report,
+    arrived: Selection,
+    available: Array,
+    eligible: Array,
+    diagnostics: dict | None,
+    timing: tuple[Array, Array, Array, Array],
+    **changes: Any,
+) -> tuple[SimState, RoundLog]:
+    """The round's log and the state after it, from the report of the updates that arrived
+    (``timing``: the round's duration, its end on the clock, dropped and straggler slots;
+    ``changes``: the state's other new fields)."""
+    duration, sim_time, dropped, stragglers = timing
+    log = RoundLog(
+        round=state.round,
+        clients=arrived.clients,
+        mask=arrived.mask,
+        weights=arrived.weights,
+        train_loss=report.train_loss,
+        num_selected=report.num_selected,
+        num_available=jnp.sum(available),
+        update_norm=report.update_norm,
+        finite=report.finite,
+        diagnostics=round_diagnostics(diagnostics, eligible, report.counts),
+        duration=duration,
+        sim_time=sim_time,
+        dropped=dropped,
+        stragglers=stragglers,
+    )
+    state = state.replace(
+        round=state.round + 1,
+        strategy_state=report.strategy_state,
+        selection_counts=report.counts,
+        weight_sums=report.weight_sums,
+        sim_time=sim_time,
+        **changes,
+    )
+    return state, log
+
+
 def aggregate_phase(
     spec: RoundSpec,
     state: SimState,
@@ -537,27 +612,15 @@ def aggregate_phase(
     available: Array,
     result: TrainResult,
 ):
-    params = state.params
     timing = selection.timing
     mask = selection.mask
     starts = start_params(spec, state, selection)
     if starts is None:
-        starts = jax.tree.map(lambda g: g[None], params)
+        starts = jax.tree.map(lambda g: g[None], state.params)
     deltas = masked_deltas(mask, result.params, starts)
     with jax.named_scope("aggregation"):
         delta = weighted_delta(deltas, selection.weights, mask)
-    with jax.named_scope("server_step"):
-        new_params, server_state = server_step(
-            spec.server_transform(state.hparams), params, state.server_opt_state, delta
-        )
-    # A round in which nobody trained leaves the model and the server optimizer as they
-    # were (momentum, Adam and weight decay would otherwise still move the model).
-    trained = jnp.any(mask)
-    new_params, server_state = jax.tree.map(
-        lambda new, old: jnp.where(trained, new, old),
-        (new_params, server_state),
-        (params, state.server_opt_state),
-    )
+    new_params, server_state = _server_update(spec, state, delta, jnp.any(mask))
     report = _report(
         spec,
         state,
@@ -578,33 +641,19 @@ def aggregate_phase(
             client_states,
             result.opt_states,
         )
-    log = RoundLog(
-        round=state.round,
-        clients=selection.clients,
-        mask=mask,
-        weights=selection.weights,
-        train_loss=report.train_loss,
-        num_selected=report.num_selected,
-        num_available=jnp.sum(available),
-        update_norm=report.update_norm,
-        finite=report.finite,
-        diagnostics=round_diagnostics(selection.diagnostics, available, report.counts),
-        duration=timing.duration,
-        sim_time=state.sim_time + timing.duration,
-        dropped=timing.dropped,
-        stragglers=timing.stragglers,
-    )
-    state = state.replace(
-        round=state.round + 1,
+    clock = (timing.duration, state.sim_time + timing.duration, timing.dropped, timing.stragglers)
+    return _close(
+        state,
+        report,
+        selection,
+        available,
+        available,
+        selection.diagnostics,
+        clock,
         params=new_params,
         server_opt_state=server_state,
-        strategy_state=report.strategy_state,
         client_opt_states=client_states,
-        selection_counts=report.counts,
-        weight_sums=report.weight_sums,
-        sim_time=state.sim_time + timing.duration,
     )
-    return state, log
 
 
 def round_fn(spec: RoundSpec, state: SimState, data: SimData) -> tuple[SimState, RoundLog]:
@@ -638,32 +687,18 @@ def event_step(spec, state, data) -> tuple[Any, Any]:
     from the round's own phases (keys, durations, the oracle, the trainer)."""
     mode: FedBuff = spec.asynchronous
     slots: SlotsState = state.async_state
-    k_avail, k_select, k_train = round_keys(state)
-    with jax.named_scope("availability"):
-        available, availability_state = spec.availability.step(state.availability_state, k_avail)
-    truth = None
-    if spec.availability.true_params is not None:
-        truth = spec.availability.true_params(availability_state)
-    with jax.named_scope("system"):
-        compute, comm, _ = client_durations(spec, state, data)
-        duration = compute + comm
+    _, _, k_train = round_keys(state)
     k = data.train.num_clients
     busy = (
         jnp.zeros((k,), bool)
         .at[jnp.where(jnp.isfinite(slots.finish), slots.client, k)]
         .set(True, mode="drop")
     )
-    idle_clients = available & ~busy
-    inputs = RoundInputs(
-        state.round, idle_clients, state.params, data.train.counts, truth, duration
-    )
-    oracle = client_oracle(spec, data, None, k_train, state.hparams)
-    with jax.named_scope("selection"):
-        selection, strategy_state = spec.strategy.select(
-            state.strategy_state, inputs, oracle, k_select
-        )
-    cand = selection.clients.astype(jnp.int32)
-    cand_ok = selection.mask.astype(bool) & idle_clients[cand]
+    choice = _choose(spec, state, data, busy)
+    compute, comm, _ = choice.system
+    duration = compute + comm
+    cand = choice.selection.clients
+    cand_ok = choice.selection.mask & choice.eligible[cand]
     with jax.named_scope("system"):
         arr, new_slots, fresh, t_end = schedule(
             slots, state.sim_time, cand, cand_ok, duration[cand], mode.buffer
@@ -686,17 +721,8 @@ def event_step(spec, state, data) -> tuple[Any, Any]:
         buffer = jax.tree.map(jnp.add, slots.buffer, weighted_delta(deltas, weights, arr.valid))
         buffered = slots.buffered + jnp.sum(arr.valid)
     full = buffered >= mode.buffer
-    with jax.named_scope("server_step"):
-        stepped, server_state = server_step(
-            spec.server_transform(state.hparams),
-            params,
-            state.server_opt_state,
-            jax.tree.map(lambda b: b / mode.buffer, buffer),
-        )
-    new_params, server_state = jax.tree.map(
-        lambda new, old: jnp.where(full, new, old),
-        (stepped, server_state),
-        (params, state.server_opt_state),
+    new_params, server_state = _server_update(
+        spec, state, jax.tree.map(lambda b: b / mode.buffer, buffer), full
     )
     v = slots.model_version
     after = new_slots.version == v + 1  # downloaded after the update
@@ -720,10 +746,10 @@ def event_step(spec, state, data) -> tuple[Any, Any]:
     report = _report(
         spec,
         state,
-        strategy_state,
+        choice.strategy_state,
         data,
         arrived,
-        available,
+        choice.available,
         new_params,
         deltas,
         result,
@@ -731,38 +757,24 @@ def event_step(spec, state, data) -> tuple[Any, Any]:
         jnp.where(arr.valid, duration[arr.client], 0.0),
     )
     denom = jnp.where(report.num_selected > 0, report.num_selected, jnp.nan)
-    diagnostics = dict(selection.diagnostics or {})
+    diagnostics = dict(choice.selection.diagnostics or {})
     diagnostics.update(
         staleness_mean=jnp.sum(jnp.where(arr.valid, arr.staleness, 0)) / denom,
         staleness_max=jnp.max(jnp.where(arr.valid, arr.staleness, 0)),
         model_version=new_slots.model_version,
         in_flight=jnp.sum(jnp.isfinite(new_slots.finish)),
     )
-    log = RoundLog(
-        round=state.round,
-        clients=arr.client,
-        mask=arr.valid,
-        weights=arrived.weights,
-        train_loss=report.train_loss,
-        num_selected=report.num_selected,
-        num_available=jnp.sum(available),
-        update_norm=report.update_norm,
-        finite=report.finite,
-        diagnostics=round_diagnostics(diagnostics, idle_clients, report.counts),
-        duration=t_end - state.sim_time,
-        sim_time=t_end,
-        dropped=jnp.zeros((), jnp.int32),
-        stragglers=jnp.zeros((), jnp.int32),
-    )
-    state = state.replace(
-        round=state.round + 1,
+    none = jnp.zeros((), jnp.int32)
+    return _close(
+        state,
+        report,
+        arrived,
+        choice.available,
+        choice.eligible,
+        diagnostics,
+        (t_end - state.sim_time, t_end, none, none),
         params=new_params,
         server_opt_state=server_state,
-        strategy_state=report.strategy_state,
-        availability_state=availability_state,
-        selection_counts=report.counts,
-        weight_sums=report.weight_sums,
-        sim_time=t_end,
+        availability_state=choice.availability_state,
         async_state=new_slots,
     )
-    return state, log
