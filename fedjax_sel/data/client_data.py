@@ -133,15 +133,27 @@ class ClientData:
         return x, y
 
     def label_counts(self, num_classes: int) -> Array:
-        """float32[K, num_classes] histogram of each client's labels (one label per example)."""
+        """float32[K, num_classes] histogram of each client's labels (one label per example).
+        Counted on the host: exact integers, no compiled program per array shape and no
+        ``[rows, classes]`` one-hot."""
         if self.target_shape:
             raise ConfigError(
                 f"label histograms need one label per example; these targets are sequences "
                 f"of shape {self.target_shape}"
             )
-        _, y, client, valid = self.rows()
-        onehot = jax.nn.one_hot(y, num_classes) * valid[:, None]
-        return jax.ops.segment_sum(onehot, client, num_segments=self.num_clients)
+        counts = np.asarray(self.counts)
+        y = np.asarray(self.y)
+        k = self.num_clients
+        if self.layout == "padded":
+            valid = np.arange(y.shape[1])[None, :] < counts[:, None]
+            client = np.broadcast_to(np.arange(k)[:, None], valid.shape)[valid]
+            y = y[valid]
+        else:
+            client = np.repeat(np.arange(k), counts)
+            y = y[: len(client)]
+        cells = client * num_classes + y.astype(np.int64)
+        hist = np.bincount(cells, minlength=k * num_classes).reshape(k, num_classes)
+        return jnp.asarray(hist, jnp.float32)
 
 
 def from_parts(
@@ -283,6 +295,14 @@ def _pad_axis(a: Array, axis: int, size: int) -> Array:
     return jnp.pad(a, widths)
 
 
+@functools.partial(jax.jit, static_argnames=("axis", "size"))
+def stack_padded(arrays: list[Array], axis: int, size: int) -> Array:
+    """``arrays`` zero-padded along ``axis`` to ``size`` and stacked on a new leading axis:
+    one compiled program per list of shapes (padding and stacking each array eagerly would
+    compile a small program for every distinct shape)."""
+    return jnp.stack([_pad_axis(a, axis, size) for a in arrays])
+
+
 def stack_client_data(
     parts: Sequence[ClientData], pad_like: Sequence[ClientData] = ()
 ) -> ClientData:
@@ -313,13 +333,13 @@ def stack_client_data(
     layout = parts[0].layout
     axis = 1 if layout == "padded" else 0
     size = max(p.x.shape[axis] for p in [*parts, *pad_like])
-    x = jnp.stack([_pad_axis(p.x, axis, size) for p in parts])
-    y = jnp.stack([_pad_axis(p.y, axis, size) for p in parts])
+    x = stack_padded([p.x for p in parts], axis, size)
+    y = stack_padded([p.y for p in parts], axis, size)
     return ClientData(
         x=x,
         y=y,
-        counts=jnp.stack([p.counts for p in parts]),
-        offsets=jnp.stack([p.offsets for p in parts]),
+        counts=stack_padded([p.counts for p in parts], 0, first.num_clients),
+        offsets=stack_padded([p.offsets for p in parts], 0, first.num_clients),
         layout=layout,
         n_max=max(p.n_max for p in [*parts, *pad_like]),
         x_scale=first.x_scale,

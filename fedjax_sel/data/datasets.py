@@ -220,9 +220,9 @@ def _assemble(
                 f"{name}: no test examples (test_fraction={test_fraction}); use a test fraction > 0"
             )
         tx, ty = x[idx], y[idx]
+    if x_scale is not None:  # on the host: the same float32 product, no eager programs
+        tx = np.asarray(tx, np.float32) * np.float32(x_scale)
     tx = jnp.asarray(tx)
-    if x_scale is not None:
-        tx = tx.astype(jnp.float32) * x_scale
     sizes = np.asarray(train.counts)
     info = dict(
         info,

@@ -7,10 +7,11 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from fedjax_sel.base import Array, ConfigError, Params
-from fedjax_sel.data.client_data import ClientData, stack_client_data
+from fedjax_sel.data.client_data import ClientData, stack_client_data, stack_padded
 from fedjax_sel.data.datasets import FederatedDataset
 from fedjax_sel.training.hparams import HParams
 
@@ -125,15 +126,12 @@ def stack_sim_data(parts: list[SimData], pad_like: list[SimData] = ()) -> SimDat
     except ConfigError as e:
         raise NotStackable(str(e)) from None
 
-    def pad(a: Array, m: int) -> Array:
-        return jnp.pad(a, [(0, m - a.shape[0])] + [(0, 0)] * (a.ndim - 1))
-
     def padded(name: str) -> tuple[Array, Array]:
         """Arrays of different lengths padded to the longest, and their validity masks."""
         arrays = [getattr(p, name) for p in parts]
         m = max(getattr(p, name).shape[0] for p in [*parts, *pad_like])
-        valid = jnp.stack([jnp.arange(m) < a.shape[0] for a in arrays])
-        return jnp.stack([pad(a, m) for a in arrays]), valid
+        valid = jnp.asarray(np.arange(m)[None, :] < np.array([a.shape[0] for a in arrays])[:, None])
+        return stack_padded(arrays, 0, m), valid
 
     test_x, test_valid = padded("test_x")
     test_y, _ = padded("test_y")
