@@ -331,7 +331,10 @@ def test_planted_variants_stay_on_the_simplex_and_find_the_own_cluster(planted_r
     res = run_method("sp_cacw", ds, linreg(), epochs=40, eval_every=40, config=cfg)
     w = res.weights[-1]
     assert np.all(w >= 0) and np.allclose(w.sum(1), 1.0, atol=1e-5)
-    assert summary_row(res)["own_cluster_mass"] > 0.8
+    row = summary_row(res)  # the numbers summary.json holds, from the result's own arrays
+    assert row["own_cluster_mass"] > 0.8
+    assert row["target_test_loss"] == pytest.approx(np.mean(res.final("test_loss")))
+    assert row["bound_premise_fraction"] == pytest.approx(np.mean(res.metrics["bound_premise"][-1]))
     assert np.all(res.logs.lr <= 1.0 / res.logs.smoothness + 1e-7)
     assert np.all(res.logs.lr <= PLANTED_CONFIG.lr + 1e-9)
     # eta <= 1/L is the exact-expansion bound's premise: it held, so the risk bound is reported

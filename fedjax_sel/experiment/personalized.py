@@ -42,9 +42,8 @@ from fedjax_sel.personalized.methods import PERSONALIZED_METHODS, build_program,
 from fedjax_sel.personalized.results import (
     ALL_METHODS,
     MethodResult,
-    own_cluster_mass,
     result_from_records,
-    self_weight,
+    summarize,
 )
 from fedjax_sel.personalized.simulator import METHODS, PersonalizedConfig
 
@@ -133,47 +132,15 @@ def epoch_diagnostics(log) -> dict[str, float]:
 
 
 def personalized_summary(records: list[dict[str, Any]], clusters, targets) -> dict[str, Any]:
-    """End-of-run numbers: each target's metrics averaged over the evaluations in the last 20%
-    of the run (at least the last one), then over targets; the weight each target puts on
-    itself, on never-observed peers and, with known clusters, on its own cluster; and, for
-    peer methods, the risk bound's premise: ``bound_premise_fraction`` (targets whose ``L eta``
-    stayed within the premise at every step) and ``lr_times_smoothness_max``. ``risk_bound``
-    (the mean over those targets) is present only when some target's premise held."""
-    rounds = np.asarray([r["round"] for r in records])
-    keep = rounds > 0.8 * rounds[-1]
-    keep[-1] = True
-    tail = [r for r, k in zip(records, keep, strict=True) if k]
-
-    def final(name):
-        return nanmean(np.asarray([r["per_target"][name] for r in tail], np.float64), axis=0)
-
-    acc = final("test_accuracy")
-    out: dict[str, Any] = {
-        "target_accuracy": float(nanmean(acc)),
-        "worst_target_accuracy": float(np.min(acc)) if np.all(np.isfinite(acc)) else None,
-        "target_test_loss": float(nanmean(final("test_loss"))),
+    """End-of-run numbers of a personalized run's evaluation records
+    (:func:`fedjax_sel.personalized.results.summarize`)."""
+    per_target = {
+        k: np.stack([np.asarray(r["per_target"][k], np.float64) for r in records])
+        for k in records[-1]["per_target"]
     }
-    if "weights" in records[-1]:
-        w = np.asarray(records[-1]["weights"])
-        ids = np.asarray(targets)
-        out["self_weight"] = float(np.mean(self_weight(w, ids)))
-        out["peers_with_weight"] = float(np.mean(np.sum(w > 1e-3, axis=1)))
-        if clusters is not None:
-            out["own_cluster_mass"] = float(np.mean(own_cluster_mass(w, clusters, ids)))
-    last = records[-1].get("per_target", {})
-    if "bound_premise" in last:
-        premise = np.asarray(last["bound_premise"], np.float64)
-        out["unobserved_weight"] = float(nanmean(np.asarray(last["unobserved_weight"], float)))
-        out["bound_premise_fraction"] = float(np.mean(premise))
-        out["lr_times_smoothness_max"] = float(np.max(last["lr_times_smoothness"]))
-        if np.any(premise > 0):  # the bound, and the observed risk, of those targets only
-            held = premise > 0
-            out["risk_bound"] = float(np.mean(np.asarray(last["risk_bound"], np.float64)[held]))
-            out["risk_bound_train_loss"] = float(
-                nanmean(np.asarray(last["train_loss"], np.float64)[held])
-            )
-            out["risk_bound_targets"] = int(np.sum(held))
-    return out
+    weights = np.asarray(records[-1]["weights"]) if "weights" in records[-1] else None
+    rounds = np.asarray([r["round"] for r in records])
+    return summarize(rounds, per_target, weights, clusters, targets)
 
 
 def cached_program(config: RunConfig, dataset: FederatedDataset | None = None):

@@ -15,6 +15,7 @@ from fedjax_sel.personalized.results import (
     MethodResult,
     own_cluster_mass,
     self_weight,
+    summarize,
     summary_row,
 )
 from fedjax_sel.personalized.simulator import (
@@ -38,5 +39,6 @@ __all__ = [
     "epoch_steps",
     "own_cluster_mass",
     "self_weight",
+    "summarize",
     "summary_row",
 ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -113,29 +114,57 @@ def self_weight(weights: np.ndarray, target_ids: np.ndarray) -> np.ndarray:
     return weights[np.arange(len(target_ids)), np.asarray(target_ids)]
 
 
-def summary_row(result: MethodResult) -> dict:
-    """End-of-run numbers of one run: mean/min over targets of the final test accuracy, final
-    test loss, and for peer methods the weight on the target itself, on never-observed peers
-    and (clusters known) on its own cluster, and the fraction of targets whose risk-bound
-    premise held throughout (``bound_premise``)."""
-    acc = result.final("test_accuracy")
-    row = {
-        "method": result.label,
-        "test_accuracy": float(nanmean(acc)),
+def summarize(
+    rounds: np.ndarray,
+    per_target: dict[str, np.ndarray],
+    weights: np.ndarray | None,
+    clusters: Sequence[int] | None,
+    targets: np.ndarray,
+) -> dict[str, Any]:
+    """End-of-run numbers of a personalized run (``per_target``: name -> float[E, T] at the
+    evaluations of ``rounds`` (or steps); ``weights``: float[T, K] at the last one): each
+    target's metrics averaged over the evaluations in the last 20% of the run (at least the
+    last one), then over targets; the weight each target puts on itself, on never-observed peers
+    and, with known clusters, on its own cluster; and, for peer methods, the risk bound's
+    premise: ``bound_premise_fraction`` (targets whose ``L eta`` stayed within the premise at
+    every step) and ``lr_times_smoothness_max``. ``risk_bound`` (the mean over those targets)
+    is present only when some target's premise held."""
+    rounds = np.asarray(rounds)
+    keep = rounds > 0.8 * rounds[-1]
+    keep[-1] = True
+
+    def final(name):
+        return nanmean(np.asarray(per_target[name], np.float64)[keep], axis=0)
+
+    acc = final("test_accuracy")
+    out: dict[str, Any] = {
+        "target_accuracy": float(nanmean(acc)),
         "worst_target_accuracy": float(np.min(acc)) if np.all(np.isfinite(acc)) else None,
-        "test_loss": float(nanmean(result.final("test_loss"))),
-        "train_loss": float(nanmean(result.final("train_loss"))),
-        "seconds": result.seconds,
+        "target_test_loss": float(nanmean(final("test_loss"))),
     }
-    if result.weights is not None:
-        w = result.weights[-1]
-        row["self_weight"] = float(np.mean(self_weight(w, result.target_ids)))
-        row["peers_with_weight"] = float(np.mean(np.sum(w > 1e-3, axis=1)))
-        if "bound_premise" in result.metrics:
-            row["bound_premise"] = float(np.mean(result.metrics["bound_premise"][-1]))
-            row["unobserved_weight"] = float(np.mean(result.metrics["unobserved_weight"][-1]))
-        if result.clusters is not None:
-            row["own_cluster_mass"] = float(
-                np.mean(own_cluster_mass(w, result.clusters, result.target_ids))
-            )
-    return row
+    if weights is not None:
+        w = np.asarray(weights)
+        ids = np.asarray(targets)
+        out["self_weight"] = float(np.mean(self_weight(w, ids)))
+        out["peers_with_weight"] = float(np.mean(np.sum(w > 1e-3, axis=1)))
+        if clusters is not None:
+            out["own_cluster_mass"] = float(np.mean(own_cluster_mass(w, clusters, ids)))
+    if "bound_premise" in per_target:
+        last = {k: np.asarray(v[-1], np.float64) for k, v in per_target.items()}
+        premise = last["bound_premise"]
+        out["unobserved_weight"] = float(nanmean(last["unobserved_weight"]))
+        out["bound_premise_fraction"] = float(np.mean(premise))
+        out["lr_times_smoothness_max"] = float(np.max(last["lr_times_smoothness"]))
+        if np.any(premise > 0):  # the bound, and the observed risk, of those targets only
+            held = premise > 0
+            out["risk_bound"] = float(np.mean(last["risk_bound"][held]))
+            out["risk_bound_train_loss"] = float(nanmean(last["train_loss"][held]))
+            out["risk_bound_targets"] = int(np.sum(held))
+    return out
+
+
+def summary_row(result: MethodResult) -> dict[str, Any]:
+    """:func:`summarize` of one :class:`MethodResult`, with its label and wall time."""
+    weights = None if result.weights is None else result.weights[-1]
+    numbers = summarize(result.steps, result.metrics, weights, result.clusters, result.target_ids)
+    return {"method": result.label, **numbers, "seconds": result.seconds}
