@@ -15,7 +15,7 @@ from fedjax_sel.data import from_client_arrays, load_dataset
 from fedjax_sel.experiment import read_metrics, strip_timings
 from fedjax_sel.models import make_model
 from fedjax_sel.training import LocalConfig, make_trainer
-from fedjax_sel.training.autotune import candidates, choose_parallel
+from fedjax_sel.training.autotune import can_win, candidates, choose_parallel
 from fedjax_sel.training.local import executed_steps
 
 
@@ -62,6 +62,20 @@ def test_slow_rounds_are_measured_on_fewer_clients_and_never_skip_two(autotune_o
     assert tight.measured_clients == 16 and len(tight.timings) == 2
     roomy = choose_parallel(model, cfg, ds.train, 24, budget_s=60.0, use_cache=False)
     assert roomy.measured_clients == 24 and len(roomy.timings) == len(candidates(model, 24, "cpu"))
+
+
+def test_small_slow_rounds_shrink_to_two_clients_and_hopeless_candidates_get_one_call(
+    autotune_on,
+):
+    ds = load_dataset("digits", num_clients=12, partition="iid", seed=0)
+    model = make_model("logreg", input_shape=ds.input_shape, num_classes=10)
+    cfg = LocalConfig(batch_size=8, lr=0.1, local_steps=2)
+    # 10 clients a round and no call fits the budget: timed on 2 of them (a ResNet round of
+    # 10 clients once spent minutes per candidate call)
+    tight = choose_parallel(model, cfg, ds.train, 10, budget_s=1e-6, use_cache=False)
+    assert tight.measured_clients == 2 and len(tight.timings) == 2
+    assert can_win(1.9, {"map/patches": 1.0}) and can_win(5.0, {})
+    assert not can_win(13.0, {"map/patches": 1.9})  # the CNN's XLA convolution in lax.map
 
 
 def test_executed_steps_against_a_count():

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from fedjax_sel.bench.workloads import WORKLOADS, standin, workloads_main
+from fedjax_sel.bench.workloads import WORKLOADS, evaluation_sample, standin, workloads_main
 from fedjax_sel.cli import main
 
 
@@ -24,6 +24,19 @@ def test_standin_has_the_recipes_shapes_and_client_sizes():
     text = standin(WORKLOADS["lstm_shakespeare"], clients=3)
     x, y = text.train.client_arrays(0)
     assert x.shape[1:] == (80,) and x.max() < 80 and y.max() < 80
+
+
+def test_the_evaluation_sample_is_a_seeded_subset_of_the_central_test_set():
+    ds = standin(WORKLOADS["cnn_femnist"], clients=60)
+    total = ds.test_x.shape[0]
+    small = evaluation_sample(ds, 50)
+    assert small.test is None and small.test_x.shape == (50, 28, 28, 1)
+    assert small.info["eval_examples"] == 50 and small.info["test_examples"] == total
+    rows = {bytes(np.asarray(r)) for r in ds.test_x}  # every sampled example is a test example
+    assert all(bytes(np.asarray(r)) in rows for r in small.test_x)
+    np.testing.assert_array_equal(evaluation_sample(ds, 50).test_y, small.test_y)
+    whole = evaluation_sample(ds, total + 1)
+    assert whole.test_x.shape[0] == total and whole.info["eval_examples"] == total
 
 
 @pytest.mark.slow
@@ -45,6 +58,8 @@ def test_the_mnist_recipe_runs_on_the_real_file_and_projects_its_schedule(data_d
         row["compile_s"] + 100 * row["seconds_per_round"]
     )
     assert row["peak_memory_bytes"] > 0 and row["machine"]["backend"]
+    assert row["peak_memory_gib"] == round(row["peak_memory_bytes"] / 2**30, 2)
+    assert row["eval_examples"] == 10_000  # MNIST's whole test set
     # without the files: the stand-in, and no accuracy
     assert main(["bench", "workloads", "--workload", "logreg_mnist", "--rounds", "2",
                  "--clients", "12", "--data-dir", str(tmp_path / "none"),

@@ -166,6 +166,13 @@ def _step_counts(cfg: LocalConfig, counts: np.ndarray) -> np.ndarray:
     return cfg.local_epochs * -(-counts // cfg.batch_size)
 
 
+def can_win(first_call: float, timings: dict[str, float]) -> bool:
+    """Whether a candidate whose first call took ``first_call`` seconds deserves two more
+    calls (for its median): not when it is already twice the best so far, which it cannot beat
+    (XLA's convolution inside ``lax.map`` can be ten times slower than the patches)."""
+    return first_call <= 2 * min(timings.values(), default=np.inf)
+
+
 def choose_parallel(
     model: Model,
     cfg: LocalConfig,
@@ -177,9 +184,9 @@ def choose_parallel(
     use_cache: bool = True,
 ) -> ParallelChoice:
     """The fastest (mode, conv impl) for this round shape: from the cache, by measuring the
-    candidates (each compiled, then its median of 3 calls; the plausible winners first, and
-    on fewer clients when one call is long) until ``budget_s`` seconds are spent, or by the
-    rule when measuring is off."""
+    candidates (each compiled ahead of time, then its median of 3 calls, or its one call when
+    that is already twice the best; the plausible winners first, and on fewer clients when one
+    call is long) until ``budget_s`` seconds are spent, or by the rule when measuring is off."""
     backend = jax.default_backend()
     rule_mode, rule_chunk = auto_parallel(model, backend)
     rule = rule_mode if rule_chunk is None else f"{rule_mode}:{rule_chunk}"
@@ -218,18 +225,24 @@ def choose_parallel(
         jax.block_until_ready(train(*args))
         return time.perf_counter() - t
 
+    def ahead(mode: str, conv: str | None, args):
+        # compiled ahead of time: no call is spent on compiling
+        return compiled(mode, conv).lower(*args).compile()
+
     todo = candidates(model, per_round, backend)
     n = per_round
     args = arguments(n)
     # one call of the first candidate sizes the measurement: where it alone would spend a
-    # candidate's share of the budget, the candidates are timed on fewer clients (at least 16)
-    first = compiled(*todo[0])
-    jax.block_until_ready(first(*args))
+    # candidate's share of the budget, the candidates are timed on fewer clients (at least 16
+    # of a larger round, at least 2 of a smaller one)
+    first = ahead(*todo[0], args)
     share = budget / len(todo)
     one_call = seconds(first, args)
-    if 3 * one_call > share and per_round > 16:
-        n = max(16, int(per_round * share / (3 * one_call)))
+    floor = 16 if per_round > 16 else min(2, per_round)
+    if 3 * one_call > share and per_round > floor:
+        n = max(floor, int(per_round * share / (3 * one_call)))
         args = arguments(n)
+        first = ahead(*todo[0], args)
     steps = _step_counts(cfg, counts[chosen[:n]])
     timings, padded = {}, {}
     start = time.perf_counter()
@@ -238,9 +251,11 @@ def choose_parallel(
         if len(timings) >= 2 and time.perf_counter() - start > budget:
             break
         name = mode if conv is None else f"{mode}/{conv}"
-        train = first if (mode, conv) == todo[0] else compiled(mode, conv)
-        jax.block_until_ready(train(*args))
-        timings[name] = float(np.median([seconds(train, args) for _ in range(3)]))
+        train = first if (mode, conv) == todo[0] else ahead(mode, conv, args)
+        runs = [seconds(train, args)]
+        if can_win(runs[0], timings):
+            runs += [seconds(train, args) for _ in range(2)]
+        timings[name] = float(np.median(runs))
         kind, _, size = mode.partition(":")
         executed = executed_steps(steps, kind, int(size) if size else None)
         padded[name] = float(1.0 - steps.sum() / max(executed, 1))
