@@ -8,7 +8,13 @@ import json
 import numpy as np
 import pytest
 
-from fedjax_sel.bench.workloads import WORKLOADS, evaluation_sample, standin, workloads_main
+from fedjax_sel.bench.workloads import (
+    WORKLOADS,
+    add_flop_rate,
+    evaluation_sample,
+    standin,
+    workloads_main,
+)
 from fedjax_sel.cli import main
 
 
@@ -37,6 +43,15 @@ def test_the_evaluation_sample_is_a_seeded_subset_of_the_central_test_set():
     np.testing.assert_array_equal(evaluation_sample(ds, 50).test_y, small.test_y)
     whole = evaluation_sample(ds, total + 1)
     assert whole.test_x.shape[0] == total and whole.info["eval_examples"] == total
+
+
+def test_the_flop_rate_of_a_row_is_the_models_count_over_the_round_time():
+    row = {"workload": "logreg_mnist", "clients": 1000, "per_round": 10,
+           "seconds_per_round": 0.002, "dataset_info": {"num_train_examples": 60_000}}  # fmt: skip
+    out = add_flop_rate(row)
+    assert out["train_flops_per_example"] == 6 * 784 * 10  # a 784 x 10 matmul, forward + backward
+    assert out["round_flops_mean_client"] == 10 * 60 * 6 * 784 * 10
+    assert out["gflops_per_second_mean_client"] == pytest.approx(10 * 60 * 47040 / 0.002 / 1e9)
 
 
 @pytest.mark.slow

@@ -250,6 +250,31 @@ def run_one(name: str, *, data_dir: str | None, rounds: int | None, clients: int
     }
 
 
+def add_flop_rate(row: dict) -> dict:
+    """``row`` with the model's analytic training FLOPs per example
+    (:func:`fedjax_sel.models.flops.train_step_flops`), those of a round of clients of the mean
+    training size and the rate they would run at (``gflops_per_second_mean_client``: a
+    round's actual clients are drawn at random, so this is a scale, not an exact rate)."""
+    import jax.numpy as jnp
+
+    from fedjax_sel.models import make_model
+    from fedjax_sel.models.flops import train_step_flops
+
+    w = WORKLOADS[row["workload"]]
+    model = make_model(w.model, input_shape=w.input_shape, num_classes=w.num_classes)
+    x = jnp.zeros((1, *w.input_shape), jnp.int32 if w.tokens else jnp.float32)
+    per_example = train_step_flops(model.module, x)
+    mean_size = row["dataset_info"]["num_train_examples"] / row["clients"]
+    per_round = row["per_round"] * mean_size * per_example
+    rate = None if not row["seconds_per_round"] else per_round / row["seconds_per_round"] / 1e9
+    return {
+        **row,
+        "train_flops_per_example": per_example,
+        "round_flops_mean_client": per_round,
+        "gflops_per_second_mean_client": rate,
+    }
+
+
 def workloads_main(
     names: list[str] | None = None,
     *,
@@ -276,7 +301,7 @@ def workloads_main(
             done = subprocess.run(argv, capture_output=True, text=True)
             if done.returncode != 0:
                 raise RuntimeError(f"workload {name} failed:\n{done.stderr[-3000:]}")
-            rows.append(json.loads(path.read_text()))
+            rows.append(add_flop_rate(json.loads(path.read_text())))
         print(table(rows[-1:]), flush=True)
     if out is not None:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
