@@ -467,10 +467,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     text = path.read_text()
     try:
         if path.suffix.lower() == ".toml":
-            try:
-                import tomllib
-            except ImportError:  # Python 3.10: the same parser, as a package
-                import tomli as tomllib
+            import tomllib
 
             data = tomllib.loads(text)
         else:
