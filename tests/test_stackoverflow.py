@@ -284,3 +284,21 @@ def test_two_rounds_of_next_word_prediction(so_dir):
     with pytest.raises(ConfigError, match=r"model 'logreg' predicts one target per example.*"
                                           r"targets of shape \(5,\).*lstm_words"):  # fmt: skip
         build_simulation(wrong, ds)
+
+
+def test_label_histograms_are_refused_for_sequence_targets_with_a_clear_error(so_dir):
+    """Sequences have no label histogram: the strategies and availability models that need one
+    say why, naming sequence targets, instead of failing inside JAX."""
+    from fedjax_sel.availability import from_spec
+    from fedjax_sel.base import SimSpec
+    from fedjax_sel.strategies import make_strategy
+
+    ds = _load(so_dir)
+    with pytest.raises(ConfigError, match="sequences of shape"):
+        ds.train.label_counts(ds.num_classes)
+    spec = SimSpec(num_clients=ds.num_clients, per_round=2, num_rounds=2,
+                   num_examples=ds.train.counts, params={})  # fmt: skip
+    with pytest.raises(ConfigError, match="one label per example, not sequence targets"):
+        make_strategy("hetero_select", 2).init(jax.random.key(0), spec)
+    with pytest.raises(ConfigError, match="one label per example"):
+        from_spec("correlated:by=label").init(jax.random.key(0), ds.num_clients, spec)

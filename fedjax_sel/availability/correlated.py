@@ -48,7 +48,8 @@ def data_availability(
     else:
         if label_counts is None:
             raise ConfigError(
-                "correlated availability by=label needs a classification data set (label counts)"
+                "correlated availability by=label needs label counts: a classification data "
+                "set with one label per example (not sequence targets)"
             )
         counts = np.asarray(label_counts, np.float64)
         classes = counts.shape[1]

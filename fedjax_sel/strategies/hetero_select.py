@@ -73,7 +73,8 @@ def init_state(spec: SimSpec, *, needs_labels: bool, diversity_measure: str) -> 
         if needs_labels:
             raise ConfigError(
                 "hetero_select's diversity term needs label histograms (a classification data "
-                "set); set w_d=0 to run without it"
+                "set with one label per example, not sequence targets); set w_d=0 to run "
+                "without it"
             )
         divergence = jnp.zeros((k,), jnp.float32)
     else:
