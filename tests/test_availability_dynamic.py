@@ -91,7 +91,7 @@ def test_correlated_availability_inside_a_simulation_spec():
     x = traj - traj.mean(0)
     lag1 = (x[1:] * x[:-1]).mean() / (x * x).mean()
     assert lag1 == pytest.approx(0.6, abs=0.05)
-    with pytest.raises(ConfigError, match="needs a classification data set"):
+    with pytest.raises(ConfigError, match="needs label counts: a classification data set"):
         correlated(by="label").init(jax.random.key(0), k, spec)
 
 
