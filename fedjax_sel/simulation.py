@@ -42,7 +42,7 @@ from fedjax_sel.engine.state import (
 from fedjax_sel.fedbuff import init_slots
 from fedjax_sel.models import Model
 from fedjax_sel.round_log import RoundLog
-from fedjax_sel.strategies.hyperparams import with_hyperparams
+from fedjax_sel.strategies.hyperparams import init_with_hyperparams
 from fedjax_sel.system import (
     SystemModel,
 )
@@ -242,8 +242,9 @@ class Simulation:
         sim_key = jax.random.fold_in(base, 2)
         k = self.dataset.num_clients
         spec = self.spec(params, dataset)
-        strategy_state = self.strategy.init(jax.random.fold_in(sim_key, 101), spec)
-        strategy_state = with_hyperparams(strategy_state, self.strategy, strategy_hparams or {})
+        strategy_state = init_with_hyperparams(
+            self.strategy, jax.random.fold_in(sim_key, 101), spec, strategy_hparams or {}
+        )
         avail_key = jax.random.fold_in(sim_key, 102)
         if self.availability.needs_spec:
             availability_state = self.availability.init(avail_key, k, spec)

@@ -212,7 +212,7 @@ def test_injected_state_reads_through_and_refuses_untraced_names():
 
     from fedjax_sel.base import SimSpec
     from fedjax_sel.strategies import make_strategy
-    from fedjax_sel.strategies.hyperparams import with_hyperparams
+    from fedjax_sel.strategies.hyperparams import init_with_hyperparams
 
     strategy = make_strategy("hetero_select", 2, tau0=1.5, w_d=0)  # no label counts needed
     assert strategy.hyperparams == ("eta", "gamma", "alpha", "tau0")
@@ -220,11 +220,11 @@ def test_injected_state_reads_through_and_refuses_untraced_names():
     state = strategy.init(jax.random.key(0), spec)
     assert float(state.hyperparams["tau0"]) == 1.5
     assert state.participations.shape == (5,)  # the inner state's field, read through
-    state = with_hyperparams(state, strategy, {"tau0": 3.0})
+    state = init_with_hyperparams(strategy, jax.random.key(0), spec, {"tau0": 3.0})
     assert float(state.hyperparams["tau0"]) == 3.0
     assert float(state.hyperparams["eta"]) == np.float32(0.3)  # the default, as built
     with pytest.raises(ConfigError, match=r"traces \['eta', 'gamma', 'alpha', 'tau0'\]"):
-        with_hyperparams(state, strategy, {"w_v": 2.0})
+        init_with_hyperparams(strategy, jax.random.key(0), spec, {"w_v": 2.0})
 
 
 def test_round_spec_is_static_and_refuses_what_cannot_work():

@@ -1,8 +1,9 @@
 """Strategy hyperparameters traced through the state (``inject_hyperparams``), strategy by
-strategy: a state built with one value and switched to another (``with_hyperparams``) runs
-exactly as the strategy built with the other, the values act, and configurations that differ
-only in them share one compiled program (``program_key``). Small planted problem, a few
-jitted rounds of ``select`` + ``update`` in one ``lax.scan``; no simulation."""
+strategy: a strategy built with one value and initialised at another
+(``init_with_hyperparams``) runs exactly as the strategy built with the other, the values act,
+and configurations that differ only in them share one compiled program (``program_key``).
+Small planted problem, a few jitted rounds of ``select`` + ``update`` in one ``lax.scan``; no
+simulation."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from fedjax_sel.config import RunConfig
 from fedjax_sel.experiment.loop import program_key
 from fedjax_sel.kernels import oort as ok
 from fedjax_sel.strategies import make_strategy
-from fedjax_sel.strategies.hyperparams import with_hyperparams
+from fedjax_sel.strategies.hyperparams import init_with_hyperparams
 from fedjax_sel.strategies.oort import TRACED as OORT_TRACED
 from fedjax_sel.strategies.registry import traced_hyperparams, traced_values
 
@@ -176,9 +177,9 @@ def test_switched_values_run_as_built(name, per_round, fixed, a, b, static):
     spec = SimSpec(K, per_round, 20, n, {"w": jnp.zeros((3,))}, 10, None)
     init_a = built_a.init(jax.random.key(1), spec)
     init_b = built_b.init(jax.random.key(1), spec)
-    switched = with_hyperparams(init_a, built_a, values_b)
-    # (2) the initial state holds no value of a (init runs before a grid member's values are
-    # set) and, switched to b, a's program runs exactly as b's
+    switched = init_with_hyperparams(built_a, jax.random.key(1), spec, values_b)
+    # (2) a's strategy initialised at b's values holds no value of a, and a's program runs
+    # it exactly as b's
     assert_same(switched, init_b)
     run_a = rounds_fn(built_a, n, truth)  # one program for both of a's states
     out_switched = run_a(switched, xs)

@@ -36,9 +36,8 @@ RATE_FLOOR = 1e-6
 
 class F3astState(NamedTuple):
     """``counts``: availability statistics; ``rate``: float32[K], ``r_k`` (``paper``: the
-    selection EMA; ``reference``: this round's rate); ``beta``: float32 scalar, the weight of
-    the last round (``1 / T`` before the first: the weight ``beta = 0`` stands for, which only
-    ``init`` knows)."""
+    selection EMA; ``reference``: this round's rate); ``beta``: float32 scalar (``1 / T`` for
+    ``beta = 0``)."""
 
     counts: est.AvailabilityCounts
     rate: Array
@@ -73,8 +72,8 @@ def f3ast(
         :mod:`fedjax_sel.strategies._ca_fed_common`).
       weighting: ``alpha``: ``size`` (``n_k / n``) or ``uniform``.
 
-    Traced (a grid of them shares one program): ``beta`` (0 included: its ``1 / T`` is kept in
-    the state) and ``prior_rounds``.
+    Traced (a grid of them shares one program): ``beta`` (0 included; its weight, ``1 / T``
+    for 0, lives in the state from ``init``) and ``prior_rounds``.
     """
     common.check_availability_args(estimator, prior, prior_rounds, weighting)
     m = per_round if budget == 0 else int(budget)
@@ -83,22 +82,26 @@ def f3ast(
     if not 0 <= beta <= 1:
         raise ConfigError(f"f3ast beta must lie in [0, 1] (0 means 1/T), got {beta!r}")
 
-    def init(key, spec):
+    def init(beta, key, spec):  # on the host: beta is the member's own value
         del key
         k = spec.num_clients
+        b = beta if beta > 0 else 1.0 / spec.num_rounds
         rate = jnp.full((k,), min(m / k, 1.0), jnp.float32)
-        return F3astState(est.init_counts(k), rate, jnp.float32(1.0 / spec.num_rounds))
+        return F3astState(est.init_counts(k), rate, jnp.float32(b))
 
     def build(beta, prior_rounds):  # floats, or traced scalars inside the round
-        return Strategy(init, functools.partial(select, beta, prior_rounds), update_identity)
+        return Strategy(
+            functools.partial(init, beta),
+            functools.partial(select, prior_rounds),
+            update_identity,
+        )
 
-    def select(beta, prior_rounds, state, inputs, oracle, key):
+    def select(prior_rounds, state, inputs, oracle, key):
         del oracle, key
         pi_hat, lam_hat, counts = common.availability_estimates(
             state.counts, inputs, estimator=estimator, prior=prior, prior_rounds=prior_rounds
         )
-        # beta = 0 means 1 / T: the state's weight (1 / T from init) stays
-        b = jnp.where(beta > 0, jnp.asarray(beta, jnp.float32), state.beta)
+        b = state.beta  # set by init from the member's beta (1/T for beta = 0)
         rate = state.rate if variant == "paper" else (1 - b) * pi_hat + b
         rate = jnp.maximum(rate, RATE_FLOOR)
         alpha = common.target_importance(inputs.num_examples, weighting)

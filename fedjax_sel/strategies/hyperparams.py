@@ -76,9 +76,13 @@ def inject_hyperparams(build: Callable[..., Strategy], **values: float) -> Strat
             return state
         return InjectedState({k: jnp.asarray(v, jnp.float32) for k, v in values.items()}, state)
 
-    def init(key, spec) -> InjectedState:
-        hyper = {k: jnp.asarray(v, jnp.float32) for k, v in values.items()}
-        return InjectedState(hyper, template.init(key, spec))
+    def init(key, spec, hyperparams: dict[str, float] | None = None) -> InjectedState:
+        # a member of a grid starts from its own values: anything init derives from them
+        # (a starting temperature, 1/T for beta = 0) is its own too
+        chosen = {**values, **(hyperparams or {})}
+        strategy = template if not hyperparams else build(**chosen)
+        hyper = {k: jnp.asarray(v, jnp.float32) for k, v in chosen.items()}
+        return InjectedState(hyper, strategy.init(key, spec))
 
     def select(state: InjectedState, inputs, oracle, key):
         state = injected(state)
@@ -112,16 +116,14 @@ def inject_hyperparams(build: Callable[..., Strategy], **values: float) -> Strat
     )
 
 
-def with_hyperparams(state: Any, strategy: Strategy, values: dict[str, float]) -> Any:
-    """``state`` (the strategy's initial state) with its traced hyperparameters set to
-    ``values`` (names the strategy does not trace are an error)."""
+def init_with_hyperparams(strategy: Strategy, key: Any, spec: Any, values: dict[str, float]) -> Any:
+    """The strategy's initial state with its traced hyperparameters at ``values`` (the others
+    at the values it was built with; names the strategy does not trace are an error)."""
     if not values:
-        return state
+        return strategy.init(key, spec)
     unknown = sorted(set(values) - set(strategy.hyperparams))
-    if unknown or not isinstance(state, InjectedState):
+    if unknown:
         raise ConfigError(
             f"strategy {strategy.name!r} traces {list(strategy.hyperparams)}, not {unknown}"
         )
-    hyper = dict(state.hyperparams)
-    hyper.update({k: jnp.asarray(v, jnp.float32) for k, v in values.items()})
-    return state._replace(hyperparams=hyper)
+    return strategy.init(key, spec, hyperparams=values)

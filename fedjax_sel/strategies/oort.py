@@ -64,19 +64,10 @@ TRACED = (
     "round_penalty",
     "pacer_delta",
 )
-# the initial state's scalars that start at a traced value (epsilon, epsilon_min,
-# round_threshold) hold this until the first select fills them in: a state made by init with one
-# value and switched to another (``with_hyperparams``) then starts at the new one; every valid
-# value is >= 0
-_UNSET = -1.0
 
 
 class OortState(NamedTuple):
     """Per-client arms (length K) and the selector's scalars.
-
-    ``epsilon``, ``epsilon_min`` and ``round_threshold`` start unset (``-1``: the
-    traced ``exploration_factor``, ``exploration_min`` and ``round_threshold`` of the first
-    ``select``).
 
     Attributes:
       reward: statistical utility (the size prior ``|B_i|`` until explored).
@@ -109,19 +100,6 @@ def _as_bool(name: str, value) -> bool:
     if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false", "no"):
         return value.lower() in ("1", "true", "yes", "on")
     raise ConfigError(f"oort {name} must be true or false, got {value!r}")
-
-
-def _started(state: OortState, h: ok.OortHyper) -> OortState:
-    """``state`` with its unset scalars (``_UNSET``) at their starting values."""
-
-    def fill(value, start):
-        return jnp.where(value < 0, jnp.asarray(start, jnp.float32), value)
-
-    return state._replace(
-        epsilon=fill(state.epsilon, h.exploration_factor),
-        epsilon_min=fill(state.epsilon_min, h.exploration_min),
-        round_threshold=fill(state.round_threshold, h.round_threshold),
-    )
 
 
 def preset_values(strategy_args: dict) -> dict:
@@ -264,7 +242,7 @@ def oort(
         n = num_examples.astype(jnp.float32)
         return jnp.minimum(n, samples_per_round) if samples_per_round > 0 else n
 
-    def init(key, spec):
+    def init(h, key, spec):  # on the host: h holds the member's own values
         del key
         k = spec.num_clients
         n = jnp.asarray(spec.num_examples).astype(jnp.float32)
@@ -274,9 +252,9 @@ def oort(
             duration=jnp.zeros((k,), jnp.float32),
             time_stamp=jnp.zeros((k,), jnp.int32),
             count=jnp.zeros((k,), jnp.int32),
-            epsilon=jnp.float32(_UNSET),
-            epsilon_min=jnp.float32(_UNSET),
-            round_threshold=jnp.float32(_UNSET),
+            epsilon=jnp.float32(h.exploration_factor),
+            epsilon_min=jnp.float32(h.exploration_min),
+            round_threshold=jnp.float32(h.round_threshold),
             exploit_history=jnp.zeros((2 * window,), jnp.float32),
             last_exploit=none,
             last_explore=none,
@@ -285,7 +263,7 @@ def oort(
     def build(**traced):  # floats, or traced scalars inside the round
         h = hyper._replace(**traced)
         return Strategy(
-            init,
+            functools.partial(init, h),
             functools.partial(select, h),
             update,
             metrics=functools.partial(metrics, h),
@@ -295,7 +273,6 @@ def oort(
 
     def select(h, state, inputs, oracle, key):
         del oracle
-        state = _started(state, h)
         k = state.reward.shape[0]
         kp = per_round
         slots = jnp.arange(kp)
@@ -426,7 +403,6 @@ def oort(
 
     def metrics(h, state, params, evaluator):
         del params, evaluator
-        state = _started(state, h)
         return {
             "oort_round_threshold": state.round_threshold,
             "oort_exploration": state.epsilon,
