@@ -220,34 +220,38 @@ def run_one(name: str, *, data_dir: str | None, rounds: int | None, clients: int
     compile_s = None
     if spr is not None and s.get("first_chunk_seconds") is not None:
         compile_s = max(0.0, s["first_chunk_seconds"] - first_rounds * spr)
-    return {
-        "workload": w.name,
-        "task": w.task,
-        "data": data,
-        "dataset": real_name or "standin",
-        "model": w.model,
-        "clients": ds.num_clients,
-        "per_round": config.per_round,
-        "batch": w.batch,
-        "lr": w.lr,
-        "rounds": w.rounds,
-        "rounds_run": run_rounds,
-        "compile_s": compile_s,
-        "seconds_per_round": spr,
-        "projected_total_s": None if spr is None else (compile_s or 0.0) + w.rounds * spr,
-        "projected": run_rounds < w.rounds,
-        "peak_memory_bytes": s.get("peak_host_memory_bytes"),
-        "peak_memory_gib": None
-        if s.get("peak_host_memory_bytes") is None
-        else round(s["peak_host_memory_bytes"] / 2**30, 2),
-        "accuracy": s.get("final_accuracy") if data == "real" else None,
-        "eval_examples": ds.info["eval_examples"],
-        "published": w.published,
-        "dataset_info": {  # without the per-client lists (ids, role names)
-            k: v for k, v in ds.info.items() if not (isinstance(v, (list, tuple)) and len(v) > 20)
-        },
-        "machine": machine_info(),
-    }
+    return add_flop_rate(
+        {
+            "workload": w.name,
+            "task": w.task,
+            "data": data,
+            "dataset": real_name or "standin",
+            "model": w.model,
+            "clients": ds.num_clients,
+            "per_round": config.per_round,
+            "batch": w.batch,
+            "lr": w.lr,
+            "rounds": w.rounds,
+            "rounds_run": run_rounds,
+            "compile_s": compile_s,
+            "seconds_per_round": spr,
+            "projected_total_s": None if spr is None else (compile_s or 0.0) + w.rounds * spr,
+            "projected": run_rounds < w.rounds,
+            "peak_memory_bytes": s.get("peak_host_memory_bytes"),
+            "peak_memory_gib": None
+            if s.get("peak_host_memory_bytes") is None
+            else round(s["peak_host_memory_bytes"] / 2**30, 2),
+            "accuracy": s.get("final_accuracy") if data == "real" else None,
+            "eval_examples": ds.info["eval_examples"],
+            "published": w.published,
+            "dataset_info": {  # without the per-client lists (ids, role names)
+                k: v
+                for k, v in ds.info.items()
+                if not (isinstance(v, (list, tuple)) and len(v) > 20)
+            },
+            "machine": machine_info(),
+        }
+    )
 
 
 def add_flop_rate(row: dict) -> dict:
@@ -301,7 +305,7 @@ def workloads_main(
             done = subprocess.run(argv, capture_output=True, text=True)
             if done.returncode != 0:
                 raise RuntimeError(f"workload {name} failed:\n{done.stderr[-3000:]}")
-            rows.append(add_flop_rate(json.loads(path.read_text())))
+            rows.append(json.loads(path.read_text()))
         print(table(rows[-1:]), flush=True)
     if out is not None:
         Path(out).parent.mkdir(parents=True, exist_ok=True)

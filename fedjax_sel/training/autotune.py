@@ -214,12 +214,6 @@ def choose_parallel(
         clients = jnp.asarray(chosen[:n], jnp.int32)
         return (params, data, clients, jnp.ones((n,), bool), jax.random.key(1), sub_states)
 
-    def compiled(mode: str, conv: str | None):
-        variant = model if conv is None else with_conv_impl(model, conv)
-        return jax.jit(
-            make_trainer(variant, cfg, data.n_max, parallel=mode, persistent_state=persistent_state)
-        )
-
     def seconds(train, args) -> float:
         t = time.perf_counter()
         jax.block_until_ready(train(*args))
@@ -227,7 +221,11 @@ def choose_parallel(
 
     def ahead(mode: str, conv: str | None, args):
         # compiled ahead of time: no call is spent on compiling
-        return compiled(mode, conv).lower(*args).compile()
+        variant = model if conv is None else with_conv_impl(model, conv)
+        train = make_trainer(
+            variant, cfg, data.n_max, parallel=mode, persistent_state=persistent_state
+        )
+        return jax.jit(train).lower(*args).compile()
 
     todo = candidates(model, per_round, backend)
     n = per_round
