@@ -76,6 +76,8 @@ def test_configs_follow_each_profile():
     assert (c.momentum, c.weight_decay, c.persistent_client_state) == (0.9, 0.01, True)
     assert (c.server, c.server_momentum, c.server_weight_decay) == ("momentum", 0.9, 0.01)
     assert c.availability == "markov:mix=code,id_seed=0" and rep.fig1_rounds(code, full) == 150
+    # the reference's torch.nn.Linear, regularised by weight decay alone (no ridge on top)
+    assert c.model_args == {"init": "torch"}
     mnist = rep.make_config("ca_fed", "mnist", code, full, lr=(0.001, 0.1), rounds=150)
     assert mnist.strategy_args["optimum"] == "zero" and "optimum_values" not in mnist.strategy_args
     assert (mnist.partition, mnist.test_fraction, mnist.batch_size) == ("dirichlet:0.5", 0.2, 64)
@@ -99,6 +101,24 @@ def test_configs_follow_each_profile():
     )
     assert rep.grid("adafed", code, full) == [(c, 1.0) for c in full.client_lrs]
     assert len(rep.grid("adafed", paper, full)) == 25
+
+
+def test_reference_average_reads_the_reference_logged_rounds():
+    """``reference_average@R`` is the mean test accuracy over the rounds after which the
+    reference's run_experiment.py logs (ii < 40 and ii % 3 == 1, or ii % 10 == 9, with
+    log_freq 10), written out here by hand for T = 150; a run not evaluated there is named."""
+    from fedjax_sel.experiment.compare import Run
+
+    want = sorted({ii + 1 for ii in range(150) if (ii < 40 and ii % 3 == 1) or ii % 10 == 9})
+    assert rep.reference_logged_rounds(150) == want and len(want) == 27
+    assert rep.reference_logged_rounds(40) == [r for r in want if r <= 40]
+    acc = np.random.default_rng(0).uniform(size=151)
+    records = [{"round": r, "test_accuracy": float(acc[r])} for r in range(1, 151)]
+    run = Run(None, "CA-Fed", "synthetic", 0, {}, records)
+    assert rep.reference_average(run, "150") == pytest.approx(acc[want].mean(), rel=1e-12)
+    sparse = Run(None, "CA-Fed", "synthetic", 3, {}, records[9::10])
+    with pytest.raises(ConfigError, match=r"after rounds \[2, 5, 8, 11, 14\].*eval_every=1"):
+        rep.reference_average(sparse, "150")
 
 
 def test_learning_rate_option():
@@ -324,8 +344,19 @@ def test_tiny_end_to_end_verdicts_and_cache(tiny, tmp_path, capsys):
     }
     optima = results["fitted_optima"]["synthetic, N = 6"]
     assert 0 <= optima["min"] <= optima["max"] and optima["max"] > 0
-    (row,) = json.loads((out / "verdicts.json").read_text())
+    row, twin = json.loads((out / "verdicts.json").read_text())
     assert set(REQUIRED) <= set(row) and row["verdict"] in VERDICTS
+    # the code profile reads the claim again on the reference's time-average (every round
+    # evaluated): the mean over its logged rounds up to T = 3, i.e. round 2
+    assert twin["metric"] == "reference_average@3" and twin["paper_diff"] == row["paper_diff"]
+    at2 = {}
+    for metrics in out.glob("runs/synthetic/*/seed*/metrics.jsonl"):
+        records = [json.loads(line) for line in metrics.read_text().splitlines()]
+        assert [r["round"] for r in records] == [1, 2, 3]
+        label, seed = metrics.parts[-3], int(metrics.parts[-2][4:])
+        at2[(label, seed)] = 100 * records[1]["test_accuracy"]
+    d2 = np.array([at2[("CA-Fed", s)] - at2[("AdaFed", s)] for s in range(3)])
+    assert twin["diff_mean"] == pytest.approx(d2.mean(), abs=1e-6)
     assert (row["profile"], row["size"], row["seeds"], row["paper_diff"]) == (
         "code",
         "cpu",

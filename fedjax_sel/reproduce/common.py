@@ -335,8 +335,13 @@ class Study:
         out: str | Path,
         echo: Callable = print,
         progress: bool = True,
+        readers: dict[str, Callable[[Run, str], float | None]] | None = None,
     ):
+        """``readers``: metrics of this reproduction's own, ``NAME@ARG`` read by
+        ``readers[NAME](run, ARG)`` (the others by :func:`metric_value`); their per-seed values
+        go into ``per_seed.json`` like every claim's metric, so rows rebuild without them."""
         self.paper, self.profile, self.size, self.seeds = paper, profile, size, int(seeds)
+        self.readers = dict(readers or {})
         self.out = Path(out)
         self.out.mkdir(parents=True, exist_ok=True)
         self.echo, self.progress = echo, progress
@@ -386,8 +391,9 @@ class Study:
     def values(self, setting: str, label: str, metric: str) -> dict[int, float]:
         """seed -> value (seeds without the metric are left out)."""
         out = {}
+        name, _, arg = metric.partition("@")
         for r in self.runs(setting, label):
-            v = metric_value(r, metric)
+            v = self.readers[name](r, arg) if name in self.readers else metric_value(r, metric)
             if v is not None and math.isfinite(v):
                 out[r.seed] = v
         return out
