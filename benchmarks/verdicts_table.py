@@ -2,19 +2,25 @@
 ``benchmarks/results/reproduce/<paper>/<profile>-<size>/verdicts.json`` files.
 
     python benchmarks/verdicts_table.py            # every claim (the table of docs/verdicts.md)
-    python benchmarks/verdicts_table.py --write    # rewrites docs/verdicts.md
+    python benchmarks/verdicts_table.py --write    # rewrites docs/verdicts.md and summary.json
     python benchmarks/verdicts_table.py --summary  # counts per paper and profile (README)
     python benchmarks/verdicts_table.py --runs     # each run's wall time and machine
 
 A claim measured in several folders of one paper, profile and size (a table rerun with more
 seeds) is counted once in the summary, by the folder with the most seeds; the table lists every
 row and marks the others superseded.
+
+``benchmarks/results/reproduce/summary.json`` holds what the README's summary and the page count
+(claims and verdicts per paper, profile and size; each folder's paired seeds and recorded runs;
+ours over the paper's difference where a verdict is about the size), so the documents' number
+check finds those counts in a committed JSON.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -37,6 +43,15 @@ def _signed(x: float) -> str:
     return f"{x:+.2f}"
 
 
+# a setting in a claim's label ("t = 500", "N=24", "kappa2 = 0.1"): the run's or the paper's
+# parameter, not a measurement, so in a code span (the docs' number check skips those)
+_SETTING = re.compile(r"\b[A-Za-z]\w* ?= ?-?\d+(?:\.\d+)?\b")
+
+
+def _label(text: str) -> str:
+    return _SETTING.sub(lambda m: f"`{m.group(0)}`", text)
+
+
 def notes() -> list[str]:
     """The runs' notes on their claims (premises not met, sizes), one line per distinct note."""
     seen: dict[str, list[str]] = {}
@@ -48,6 +63,14 @@ def notes() -> list[str]:
                 if where not in seen[note]:
                     seen[note].append(where)
     return [f"- {'; '.join(w)}: {note}" for note, w in seen.items()]
+
+
+def _claim(v: dict) -> str:
+    """The claim's name, with its setting where the name does not say it."""
+    claim = v["claim"]
+    if v.get("setting") and v["setting"].lower() not in claim.lower():
+        claim = f"{claim} ({v['setting']})"
+    return claim
 
 
 def claim_key(paper: str, v: dict) -> tuple:
@@ -119,9 +142,7 @@ def rows() -> tuple[list[str], list[str], Counter]:
             family = "-"
         unstated = v.get("paper_diff") is None or "no number" in (v.get("note") or "")
         paper_diff = "-" if unstated else _signed(v["paper_diff"])
-        claim = v["claim"]
-        if v.get("setting") and v["setting"].lower() not in claim.lower():
-            claim = f"{claim} ({v['setting']})"
+        claim = _label(_claim(v))
         ours = (
             f"{_signed(v['diff_mean'])} [{_signed(v['diff_ci_low'])}, {_signed(v['diff_ci_high'])}]"
         )
@@ -149,6 +170,56 @@ def summary(counts: Counter) -> list[str]:
             f"| {paper} | {profile}, {size} | {sum(raw[:-1])} | {' | '.join(cells)} | {raw[-1]} |"
         )
     return out
+
+
+def summary_json() -> dict:
+    """``summary.json``: the counts behind the README's summary (per paper, profile and size:
+    the claims and, per verdict, the unadjusted and Holm-adjusted counts of the deciding rows)
+    and behind the page's runs table (per folder: the claims' paired seeds and the runs
+    ``run_info.json`` records), and, for each row whose verdict is about the size (smaller or
+    larger effect), our mean difference over the paper's."""
+    _, _, counts = rows()
+    families = []
+    for paper, profile, size in sorted(
+        {k[:3] for k in counts}, key=lambda k: (PAPERS.index(k[0]), k)
+    ):
+        raw = {v: counts[(paper, profile, size, "raw", v)] for v in VERDICT}
+        holm = {v: counts[(paper, profile, size, "holm", v)] for v in VERDICT}
+        claims = sum(n for v, n in raw.items() if v != "not_evidence")
+        families.append({"paper": paper, "profile": profile, "size": size, "claims": claims,
+                         "raw": raw, "holm": holm})  # fmt: skip
+    folders = {}
+    for paper, path in verdict_files():
+        verdicts = json.loads(path.read_text())
+        info = path.parent / "run_info.json"
+        recorded = 0
+        if info.exists():
+            recorded = 1 + len(json.loads(info.read_text()).get("earlier_runs", []))
+        ratios = {
+            f"{_claim(v)}: {v['method']} vs {v['baseline']}": round(
+                v["diff_mean"] / v["paper_diff"], 2
+            )
+            for v in verdicts
+            if v["verdict"] in ("smaller_effect", "larger_effect") and v.get("paper_diff")
+        }
+        folders[f"{paper}/{path.parent.name}"] = {
+            "seeds": max(v["seeds"] for v in verdicts),
+            "runs_recorded": recorded,
+            "size_over_paper": ratios,
+        }
+    return {
+        "written_by": "python benchmarks/verdicts_table.py --write",
+        "families": families,
+        "folders": folders,
+    }
+
+
+def summary_text() -> str:
+    return json.dumps(summary_json(), indent=2) + "\n"
+
+
+def summary_path() -> Path:
+    return RESULTS / "summary.json"
 
 
 def _machine(m: dict) -> str:
@@ -198,6 +269,7 @@ def _options(options: dict) -> str:
 
 def runs_table() -> str:
     files, lines = runs()
+    files.append(str(summary_path().relative_to(ROOT)))  # the seeds column, runs per folder
     return "\n".join(
         [
             f"<!-- numbers: {' '.join(files)} -->",
@@ -241,7 +313,8 @@ def main() -> None:
         print(runs_table())
     elif a.write:
         (ROOT / "docs" / "verdicts.md").write_text(page())
-        print("wrote docs/verdicts.md")
+        summary_path().write_text(summary_text())
+        print(f"wrote docs/verdicts.md and {summary_path().relative_to(ROOT)}")
     elif a.summary:
         print(summary_table())
     else:
@@ -268,9 +341,12 @@ DOCS_PAGE = """# Verdicts: every claim we tested, as run
 
 Written by `python benchmarks/verdicts_table.py --write` from the committed
 `benchmarks/results/reproduce/<paper>/<profile>-<size>/verdicts.json` (each run by
-`fedjax-sel reproduce NAME --profile PROFILE --size SIZE`). Differences are method minus
-baseline, paired by seed, in the claim's unit (accuracy points, or percent of the baseline's
-MSE for FedCVR-Bolt's regressions); the interval is the paired-t 95% interval over seeds.
+`fedjax-sel reproduce NAME --profile PROFILE --size SIZE`), and with it
+`benchmarks/results/reproduce/summary.json`: the counts of the README's summary, each folder's
+seeds and runs, and ours over the paper's difference where a verdict is about the size.
+Differences are method minus baseline, paired by seed, in the claim's unit (accuracy points, or
+percent of the baseline's MSE for FedCVR-Bolt's regressions); the interval is the paired-t 95%
+interval over seeds.
 
 - **profile**: `paper` runs the experiment as the paper's text describes it, `code` as the
   public reference code runs it (defaults and behaviour that differ from the text); each

@@ -3,9 +3,12 @@ under benchmarks/results/, and every code example runs as written (shell command
 size).
 
 Numbers: a block between ``<!-- numbers: FILE.json ... -->`` and ``<!-- /numbers -->`` may only
-hold measured numbers (decimals, percentages, ratios such as ``5.7x``, thousands-separated
-integers) that some value of the named JSON files gives at the shown precision (or, for a
-percentage, 100 times some value).
+hold numbers (decimals, percentages, ratios such as ``5.7x``, and every integer, counts and
+seeds included) that some value of the named JSON files gives at the shown precision (or, for a
+percentage, 100 times some value). A setting that no cited file records (a horizon ``T = 500``,
+a paper's figure number) sits in a code span or outside the block; the verdict counts of the
+README's summary are in ``benchmarks/results/reproduce/summary.json``, which
+``benchmarks/verdicts_table.py --write`` writes from the committed verdicts.
 
 Examples: every ```python block runs (in a temporary folder); a block preceded by
 ``<!-- file: NAME -->`` is written to NAME first instead (a module the shell examples import).
@@ -87,6 +90,30 @@ def test_verdicts_page_and_readme_summary_are_the_committed_verdicts():
         "the README's verdict summary is stale: paste `python benchmarks/verdicts_table.py "
         "--summary`"
     )
+    # the counts the README's summary and the page's runs table cite
+    assert gen.summary_path().read_text() == gen.summary_text(), (
+        f"{gen.summary_path().name} is stale: run `python benchmarks/verdicts_table.py --write`"
+    )
+
+
+def test_readme_verdict_summary_cites_the_summary_counts():
+    gen = _verdicts_table()
+    cited = str(gen.summary_path().relative_to(ROOT))
+    blocks = [
+        body for doc, files, body in _number_blocks() if doc.name == "README.md" and cited in files
+    ]
+    assert any(gen.summary_table() in body for body in blocks), (
+        f"the README's verdict summary sits in a numbers block citing {cited}"
+    )
+    # and the JSON holds the table's counts, row for row
+    rows = []
+    for f in json.loads(gen.summary_path().read_text())["families"]:
+        cells = [f"{f['raw'][v]} ({f['holm'][v]})" for v in gen.VERDICT if v != "not_evidence"]
+        rows.append(
+            f"| {f['paper']} | {f['profile']}, {f['size']} | {f['claims']} | "
+            f"{' | '.join(cells)} | {f['raw']['not_evidence']} |"
+        )
+    assert rows == gen.summary_table().splitlines()[2:]
 
 
 def test_a_claim_rerun_with_more_seeds_counts_once(tmp_path, monkeypatch):
@@ -191,9 +218,6 @@ def test_every_measured_number_comes_from_a_committed_json(doc, files, body):
     unbacked = []
     for m in _NUMBER.finditer(text):
         whole, frac, unit = m.group(1), m.group(2), m.group(3)
-        measured = frac is not None or unit is not None or "," in whole
-        if not measured:
-            continue
         token = whole.replace(",", "") + (frac or "")
         decimals = len(frac) - 1 if frac else 0
         if not _backed(token, decimals, unit == "%", values):
