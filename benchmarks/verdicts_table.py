@@ -253,10 +253,12 @@ def runs() -> tuple[list[str], list[str]]:
                 name += f" ({i} of {len(history)})"
             # the verdicts' seeds belong to the last run; an earlier one's are not recorded
             # (its `--seeds` can differ from a table's own seed count, e.g. table1_seeds)
+            # a folder rerun beside other work (to commit its per-seed values) says so
+            shared = " (CPU shared)" if info.get("cpu_shared") else ""
             lines.append(
                 f"| {paper} | {name} | {seeds if i == len(history) else '-'} | "
                 f"{_options(info['options'])} | "
-                f"{info['wall_seconds']:.1f} s | {_machine(info['machine'])} |"
+                f"{info['wall_seconds']:.1f} s{shared} | {_machine(info['machine'])} |"
             )
     return files, lines
 
