@@ -1,12 +1,16 @@
-"""Peak memory of building a generated data set, chunked device assembly against the host one.
+"""Peak memory of building a generated data set: the generator's rows written straight into
+the final arrays, against the paths that first make the whole pool of examples.
 
 Each (K, assembly) pair runs in a fresh child process that builds LEAF Synthetic (at most 20
-examples per client) with ``load_dataset`` and reports its peak resident memory
-(``ru_maxrss``), the bytes of the arrays it holds at the end (train and per-client test splits,
-central test set) and their ratio. ``host`` is the path every data set took before: the
-arrays assembled on the host in their final layout, then copied to the device (forced here by
-raising :data:`fedjax_sel.data.client_data.CHUNKED_ASSEMBLY_BYTES`); ``chunked`` is today's
-default above 256 MiB, a device buffer filled a chunk of rows at a time::
+examples per client) and reports its peak resident memory (``ru_maxrss``), the bytes of the
+arrays it holds at the end (train and per-client test splits, central test set) and their
+ratio. ``generated`` is ``load_dataset`` today: each chunk of generated rows is scattered
+straight into the train, test and central test arrays, and the client parameters are drawn a
+block of clients at a time. The two others first make the whole pool on the host
+(``synthetic.leaf_synthetic``) and assemble it as every data set read from files is: ``host``
+in the final layout on the host, then copied to the device (forced here by raising
+:data:`fedjax_sel.data.client_data.CHUNKED_ASSEMBLY_BYTES`), ``chunked`` into a device buffer a
+chunk of rows at a time (the default above 256 MiB). All three give the same arrays::
 
     python benchmarks/data_memory.py --out benchmarks/results/cpu/data_memory.json
 """
@@ -34,13 +38,31 @@ COLUMNS = [
 
 def child(clients: int, assembly: str) -> dict:
     import jax
+    import numpy as np
 
-    from fedjax_sel.data import client_data, load_dataset
+    from fedjax_sel.data import client_data, datasets, load_dataset, synthetic
 
     if assembly == "host":
         client_data.CHUNKED_ASSEMBLY_BYTES = float("inf")
     t0 = time.perf_counter()
-    ds = load_dataset("leaf_synthetic", num_clients=clients, seed=0, max_examples=20)
+    if assembly == "generated":
+        ds = load_dataset("leaf_synthetic", num_clients=clients, seed=0, max_examples=20)
+    else:  # the whole pool first, then assembled from it (what load_dataset did before)
+        x, y, client = synthetic.leaf_synthetic(jax.random.key(0), clients, max_examples=20)
+        ds = datasets._assemble(
+            "leaf_synthetic",
+            x,
+            y,
+            datasets.partition_by_client(client, clients),
+            rng=np.random.default_rng(0),
+            test_fraction=0.1,
+            layout="auto",
+            task="classification",
+            num_classes=10,
+            default_model="logreg",
+            info={},
+        )
+        del x, y, client
     jax.block_until_ready(ds.train.x)
     seconds = time.perf_counter() - t0
     arrays = [ds.train.x, ds.train.y, ds.test_x, ds.test_y]
@@ -68,7 +90,7 @@ def main() -> None:
     a = p.parse_args()
     rows = []
     for k in a.clients or [100_000, 1_000_000]:
-        for assembly in ("host", "chunked"):
+        for assembly in ("host", "chunked", "generated"):
             r = subprocess.run(
                 [sys.executable, __file__, "--child", json.dumps([k, assembly])],
                 capture_output=True,

@@ -221,6 +221,233 @@ def test_leaf_synthetic_personal_scale_plants_one_shared_model():
         leaf_synthetic(key, 5, personal_scale=-1.0)
 
 
+def test_offset_normal_is_a_slice_of_the_whole_draw():
+    """Rows ``start ... start + m - 1`` of a normal draw, drawn alone, are those of the whole
+    draw (any rank; rows past the whole draw's end too: a larger draw's)."""
+    from fedjax_sel.data.synthetic import _counters, offset_normal
+
+    key = jax.random.key(11)
+    for shape in [(50,), (50, 7), (50, 6, 5)]:
+        whole = np.asarray(jax.random.normal(key, shape))
+        for start, m in [(0, 50), (13, 9), (49, 1)]:
+            part = np.asarray(offset_normal(key, (m,) + shape[1:], start))
+            np.testing.assert_array_equal(part, whole[start : start + m])
+    longer = np.asarray(jax.random.normal(key, (60, 7)))
+    np.testing.assert_array_equal(np.asarray(offset_normal(key, (20, 7), 40)), longer[40:])
+    # 64-bit counters across a 2^32 boundary: one carry into the high word
+    start = (3 << 32) + 2**32 - 5
+    hi, lo = _counters(np.uint32(start >> 32), np.uint32(start & 0xFFFFFFFF), 10)
+    want = start + np.arange(10, dtype=np.uint64)
+    np.testing.assert_array_equal(np.asarray(hi, np.uint64), want >> np.uint64(32))
+    np.testing.assert_array_equal(np.asarray(lo, np.uint64), want & np.uint64(0xFFFFFFFF))
+
+
+def _leaf_synthetic_whole(key, k, *, personal_scale=None, chunk_rows=16384, **size_args):
+    """LEAF Synthetic as first written: every client's ``v, W, b`` drawn as whole K-row arrays,
+    rows made chunk by chunk from them (the reference of the block-wise generator)."""
+    dim, c = 60, 10
+    ks = jax.random.split(key, 9)
+    sizes = leaf_synthetic_sizes(ks[0], k, **size_args)
+    u = 1.0 * jax.random.normal(ks[1], (k,))
+    big_b = 1.0 * jax.random.normal(ks[2], (k,))
+    add = jax.jit(lambda d, s: d + s.reshape((-1,) + (1,) * (d.ndim - 1)))
+    v = add(jax.random.normal(ks[5], (k, dim)), big_b)
+    w = add(jax.random.normal(ks[6], (k, dim, c)), u)
+    b = add(jax.random.normal(ks[7], (k, c)), u)
+    if personal_scale is not None:
+        around = jax.jit(lambda p, s, a: s[None] + a * p)
+        w = around(w, jax.random.normal(ks[3], (dim, c)), personal_scale)
+        b = around(b, jax.random.normal(ks[4], (c,)), personal_scale)
+    sd = jnp.power(jnp.arange(1, dim + 1, dtype=jnp.float32), -0.6)
+
+    @jax.jit
+    def rows(key, cl, v, w, b, sd):
+        x = v[cl] + sd * jax.random.normal(key, (cl.shape[0], v.shape[1]))
+        logits = jnp.einsum("rd,rdc->rc", x, w[cl]) + b[cl]
+        return x, jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+    client = np.repeat(np.arange(k, dtype=np.int32), sizes)
+    n = len(client)
+    size = min(chunk_rows, n)
+    xs, ys = [], []
+    for i, start in enumerate(range(0, n, size)):
+        cl = client[start : start + size]
+        x, y = rows(
+            jax.random.fold_in(ks[8], i), jnp.asarray(np.pad(cl, (0, size - len(cl)))), v, w, b, sd
+        )
+        xs.append(np.asarray(x)[: len(cl)])
+        ys.append(np.asarray(y)[: len(cl)])
+    return np.concatenate(xs), np.concatenate(ys), client
+
+
+@pytest.mark.parametrize(
+    "k, chunk_rows, args",
+    [
+        (40, 16384, {}),  # one chunk, one block of every client
+        (60, 64, {"max_examples": 20, "personal_scale": 0.5}),  # ~3 clients per chunk
+        (90, 50, {"examples_per_client": 2}),  # 25 clients per chunk, a ragged last block
+    ],
+)
+def test_leaf_synthetic_block_parameters_equal_whole_draws(k, chunk_rows, args):
+    """The generator draws ``v, W, b`` a block of clients at a time; rows are bit for bit
+    those made from whole K-row draws."""
+    key = jax.random.key(3)
+    size_args = {a: args[a] for a in ("max_examples", "examples_per_client") if a in args}
+    want = _leaf_synthetic_whole(
+        key, k, personal_scale=args.get("personal_scale"), chunk_rows=chunk_rows, **size_args
+    )
+    got = leaf_synthetic(key, k, chunk_rows=chunk_rows, **args)
+    for a, b in zip(got, want, strict=True):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(a, b)
+
+
+def test_leaf_synthetic_without_partitionable_draws_uses_whole_draws():
+    """Where a draw's bits depend on its whole size (``jax_threefry_partitionable`` off), the
+    generator draws whole K-row parameters, and still makes the recipe's rows."""
+    key = jax.random.key(4)
+    with jax.threefry_partitionable(False):
+        want = _leaf_synthetic_whole(key, 30, chunk_rows=64, max_examples=20)
+        got = leaf_synthetic(key, 30, chunk_rows=64, max_examples=20)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def _assembled_reference(x, y, sizes, test_fraction, seed, layout):
+    """A generated data set as NumPy assembles it in plain loops: each client's rows shuffled
+    by the seed's generator, its first round(f n) rows (at most n - 1) held out, both parts
+    sorted; padded arrays filled client by client; the central test set in client order."""
+    rng = np.random.default_rng(seed)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    train, test = [], []
+    for s, n in zip(starts, sizes, strict=True):
+        p = rng.permutation(np.arange(s, s + n))
+        m = min(int(round(test_fraction * n)), n - 1)
+        test.append(np.sort(p[:m]))
+        train.append(np.sort(p[m:]))
+
+    def stacked(parts):
+        n_max = max(max(len(p) for p in parts), 1)
+        kind = layout
+        if kind == "auto":
+            total = sum(len(p) for p in parts)
+            kind = "padded" if len(parts) * n_max <= 1.5 * total else "flat"
+        if kind == "flat":
+            rows = np.concatenate(parts)
+            return kind, x[rows], y[rows]
+        px = np.zeros((len(parts), n_max) + x.shape[1:], x.dtype)
+        py = np.zeros((len(parts), n_max), y.dtype)
+        for c, p in enumerate(parts):
+            px[c, : len(p)] = x[p]
+            py[c, : len(p)] = y[p]
+        return kind, px, py
+
+    central = np.concatenate(test)
+    return stacked(train), stacked(test), (x[central], y[central])
+
+
+@pytest.mark.parametrize(
+    "k, args",
+    [
+        (120, {"max_examples": 20, "personal_scale": 0.5}),  # the bench scale recipe, padded
+        (30, {}),  # LogNormal sizes: flat
+        (25, {"layout": "padded", "test_fraction": 0.3}),
+        (200, {"examples_per_client": 5, "test_fraction": 0.2, "layout": "flat"}),
+    ],
+)
+def test_leaf_synthetic_data_set_equals_a_plain_numpy_assembly(k, args):
+    """``load_dataset("leaf_synthetic")`` writes generated rows straight into the final
+    train, test and central test arrays; they equal the generator's pool split and padded by
+    plain NumPy loops (train and test x, y and counts, the central test set)."""
+    args = dict(args)
+    seed, layout = 2, args.pop("layout", "auto")
+    test_fraction = args.pop("test_fraction", 0.1)
+    ds = load_dataset(
+        "leaf_synthetic",
+        num_clients=k,
+        seed=seed,
+        layout=layout,
+        test_fraction=test_fraction,
+        **args,
+    )
+    x, y, client = leaf_synthetic(jax.random.key(seed), k, **args)
+    sizes = np.bincount(client, minlength=k)
+    train, test, central = _assembled_reference(x, y, sizes, test_fraction, seed, layout)
+    for got, (kind, want_x, want_y) in ((ds.train, train), (ds.test, test)):
+        assert got.layout == kind
+        for a, b in ((got.x, want_x), (got.y, want_y)):
+            assert a.dtype == b.dtype
+            np.testing.assert_array_equal(np.asarray(a), b)
+    n_test = np.array([min(int(round(test_fraction * n)), n - 1) for n in sizes])
+    np.testing.assert_array_equal(np.asarray(ds.test.counts), n_test)
+    np.testing.assert_array_equal(np.asarray(ds.train.counts), sizes - n_test)
+    np.testing.assert_array_equal(np.asarray(ds.test_x), central[0])
+    np.testing.assert_array_equal(np.asarray(ds.test_y), central[1])
+
+
+def test_from_row_chunks_equals_from_parts():
+    """Data sets assembled from a pool made chunk by chunk (each chunk made once, the last
+    one padded) equal :func:`from_parts` and plain row selection on the whole pool, for any
+    parts (shuffled, empty clients) in both layouts."""
+    from fedjax_sel.data.client_data import RowChunks, from_row_chunks
+
+    rng = np.random.default_rng(5)
+    n, size = 230, 32
+    x = rng.normal(size=(n, 3, 2)).astype(np.float32)
+    y = rng.integers(0, 9, n).astype(np.int32)
+    made = []
+
+    def make(i):
+        made.append(i)
+        rows = np.arange(i * size, (i + 1) * size)
+        rows = np.minimum(rows, n - 1)  # padding past the pool: never stored
+        return jnp.asarray(x[rows]), jnp.asarray(y[rows])
+
+    pool = RowChunks(
+        n, size, make, jax.ShapeDtypeStruct((3, 2), x.dtype), jax.ShapeDtypeStruct((), y.dtype)
+    )
+    perm = rng.permutation(n)
+    parts_a = [perm[:40], perm[40:41], perm[41:41], perm[41:150]]
+    parts_b = [np.sort(perm[150:200]), perm[200:230]]
+    central = rng.permutation(n)[:70]
+    for layout in ("padded", "flat"):
+        made.clear()
+        (a, b), (rows,) = from_row_chunks(
+            pool, [(parts_a, True), (parts_b, False)], [central], layout=layout
+        )
+        assert sorted(made) == list(range(pool.num_chunks))
+        for got, parts in ((a, parts_a), (b, parts_b)):
+            want = from_parts(x, y, parts, layout=layout, allow_empty=True)
+            assert (got.layout, got.n_max) == (want.layout, want.n_max)
+            for f in ("x", "y", "counts", "offsets"):
+                u, v = getattr(got, f), getattr(want, f)
+                assert u.shape == v.shape and u.dtype == v.dtype
+                np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
+        np.testing.assert_array_equal(np.asarray(rows[0]), x[central])
+        np.testing.assert_array_equal(np.asarray(rows[1]), y[central])
+    with pytest.raises(ConfigError, match="listed twice"):
+        from_row_chunks(pool, [([np.array([3, 4]), np.array([4])], False)])
+
+
+def test_split_train_test_flat_makes_the_same_split():
+    """The flat split draws what :func:`split_train_test` draws (the generator ends in the same
+    state) and holds the same parts, empty and one-example clients included."""
+    from fedjax_sel.data.partition import FlatParts, split_train_test, split_train_test_flat
+
+    sizes = np.array([20, 1, 0, 7, 33, 2, 20, 5])
+    parts = FlatParts.ranges(sizes)
+    assert [len(p) for p in parts] == sizes.tolist() and len(parts) == len(sizes)
+    for fraction in (0.0, 0.1, 0.25, 0.5):
+        r1, r2 = np.random.default_rng(9), np.random.default_rng(9)
+        want = split_train_test([np.asarray(p) for p in parts], fraction, r1)
+        got = split_train_test_flat(parts, fraction, r2)
+        for g, w in zip(got, want, strict=True):
+            assert len(g) == len(w)
+            for a, b in zip(g, w, strict=True):
+                np.testing.assert_array_equal(a, b)
+        assert r1.bit_generator.state == r2.bit_generator.state
+
+
 def test_clustered_regression_is_linear_in_its_cluster():
     x, y, client, cluster = clustered_regression(
         jax.random.key(0), 20, 1, dim=1, intercept=True, theta_std_range=(0.0, 0.0)

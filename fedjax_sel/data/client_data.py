@@ -14,8 +14,9 @@ all the training and evaluation code uses.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +24,7 @@ import numpy as np
 from flax import struct
 
 from fedjax_sel.base import Array, ConfigError
+from fedjax_sel.data.partition import FlatParts
 
 LAYOUTS = ("auto", "padded", "flat")
 
@@ -176,20 +178,12 @@ def from_parts(
       x_scale: see :class:`ClientData`.
       allow_empty: accept clients with no examples (per-client test splits of tiny clients).
     """
-    if layout not in LAYOUTS:
-        raise ConfigError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    if len(parts) == 0:
-        raise ConfigError("a federated data set needs at least one client (got 0 parts)")
-    counts = np.array([len(p) for p in parts], dtype=np.int64)
-    if not allow_empty and np.any(counts == 0):
-        empty = np.flatnonzero(counts == 0)[:5].tolist()
-        raise ConfigError(f"clients {empty} hold no examples; every client needs at least one")
-    total, n_max, k = int(counts.sum()), max(int(counts.max()), 1), len(parts)
-    if layout == "auto":
-        layout = "padded" if k * n_max <= max_padding_ratio * total else "flat"
+    counts = _part_sizes(parts, layout, allow_empty)
+    layout, n_max = _choose_layout(counts, layout, max_padding_ratio)
+    total, k = int(counts.sum()), len(parts)
     x = np.asarray(x)
     y = np.asarray(y)
-    order = np.concatenate([np.asarray(p, np.int64) for p in parts])
+    order = _rows_of(parts)
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
     if layout == "padded":
         # row r of the concatenated parts goes to (its client, its position in the client)
@@ -210,6 +204,164 @@ def from_parts(
         n_max=n_max,
         x_scale=x_scale,
     )
+
+
+def _part_sizes(parts: Sequence[np.ndarray], layout: str, allow_empty: bool) -> np.ndarray:
+    if layout not in LAYOUTS:
+        raise ConfigError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if len(parts) == 0:
+        raise ConfigError("a federated data set needs at least one client (got 0 parts)")
+    if isinstance(parts, FlatParts):
+        counts = np.asarray(parts.counts, np.int64)
+    else:
+        counts = np.array([len(p) for p in parts], dtype=np.int64)
+    if not allow_empty and np.any(counts == 0):
+        empty = np.flatnonzero(counts == 0)[:5].tolist()
+        raise ConfigError(f"clients {empty} hold no examples; every client needs at least one")
+    return counts
+
+
+def _choose_layout(counts: np.ndarray, layout: str, max_padding_ratio: float) -> tuple[str, int]:
+    """The layout (``auto``: padded unless padding would store more than
+    ``max_padding_ratio`` times the real examples) and ``n_max``."""
+    total, n_max, k = int(counts.sum()), max(int(counts.max()), 1), len(counts)
+    if layout == "auto":
+        layout = "padded" if k * n_max <= max_padding_ratio * total else "flat"
+    return layout, n_max
+
+
+@dataclasses.dataclass(frozen=True)
+class RowChunks:
+    """A pool of examples made a chunk of rows at a time (a generator), never held whole.
+
+    Attributes:
+      num_rows: rows in the pool.
+      chunk_rows: rows per chunk; chunk ``i`` holds rows ``i * chunk_rows ...``.
+      make: ``make(i) -> (x[chunk_rows, *x.shape], y[chunk_rows, *y.shape])`` (device or host
+        arrays); the last chunk is padded past ``num_rows`` with rows that are never stored.
+      x, y: shape and dtype of one row's features and target.
+    """
+
+    num_rows: int
+    chunk_rows: int
+    make: Callable[[int], tuple[Array, Array]]
+    x: jax.ShapeDtypeStruct
+    y: jax.ShapeDtypeStruct
+
+    @property
+    def num_chunks(self) -> int:
+        return -(-self.num_rows // self.chunk_rows)
+
+
+def from_row_chunks(
+    pool: RowChunks,
+    client_parts: Sequence[tuple[Sequence[np.ndarray], bool]],
+    row_sets: Sequence[np.ndarray] = (),
+    *,
+    layout: str = "auto",
+    x_scale: float | None = None,
+    max_padding_ratio: float = 1.5,
+) -> tuple[list[ClientData], list[tuple[Array, Array]]]:
+    """Client data sets (and plain row sets) assembled from a pool made in chunks, all in one
+    pass over the pool: each chunk is made once and its rows are written straight into the
+    final device arrays (buffers donated, updated in place). The peak is the results, one
+    chunk and an int32 slot per pool row and result: no copy of the pool, no second copy of a
+    result.
+
+    Args:
+      pool: the examples, made a chunk at a time.
+      client_parts: ``(parts, allow_empty)`` per :class:`ClientData` to build, as
+        :func:`from_parts` takes them (``parts[k]``: pool rows of client ``k``; each pool row
+        at most once per data set); each picks its own layout as :func:`from_parts` does.
+      row_sets: arrays of pool rows; each becomes ``(x[len], y[len])`` in that order (a
+        central test set).
+      layout, x_scale, max_padding_ratio: as :func:`from_parts`.
+
+    Returns:
+      ``(client data sets, row sets)``, equal to what :func:`from_parts` and ``x[rows]`` give
+      on the whole pool.
+    """
+    n = pool.num_rows
+    built, targets = [], []
+    for parts, allow_empty in client_parts:
+        counts = _part_sizes(parts, layout, allow_empty)
+        kind, n_max = _choose_layout(counts, layout, max_padding_ratio)
+        k, total = len(parts), int(counts.sum())
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        if kind == "padded":  # row r of the concatenated parts: its client's slot
+            shape = (k, n_max)
+            slots = np.repeat(np.arange(k, dtype=np.int64) * n_max - starts, counts)
+            slots += np.arange(total)
+            offsets = np.zeros(k, np.int64)
+        else:
+            shape, slots, offsets = (total,), np.arange(total), starts
+        targets.append((shape, _slot_of_rows(n, _rows_of(parts), slots, int(np.prod(shape)))))
+        built.append((counts, offsets, kind, n_max))
+    for rows in row_sets:
+        rows = np.asarray(rows, np.int64)
+        targets.append(((len(rows),), _slot_of_rows(n, rows, np.arange(len(rows)), len(rows))))
+    bufs = tuple(
+        (
+            jnp.zeros(shape + pool.x.shape, pool.x.dtype),
+            jnp.zeros(shape + pool.y.shape, pool.y.dtype),
+        )
+        for shape, _ in targets
+    )
+    size = pool.chunk_rows
+    for i in range(pool.num_chunks):
+        x, y = pool.make(i)
+        lo, hi = i * size, min((i + 1) * size, n)
+        # rows past the pool (the last chunk's padding) go to no slot
+        slots = tuple(
+            np.pad(s[lo:hi], (0, size - (hi - lo)), constant_values=s.dtype.type(-1))
+            for _, s in targets
+        )
+        bufs = _scatter_chunk(bufs, slots, x, y)
+    data = [
+        ClientData(
+            x=bx,
+            y=by,
+            counts=jnp.asarray(counts, jnp.int32),
+            offsets=jnp.asarray(offsets, jnp.int32),
+            layout=kind,
+            n_max=n_max,
+            x_scale=x_scale,
+        )
+        for (bx, by), (counts, offsets, kind, n_max) in zip(bufs, built, strict=False)
+    ]
+    return data, list(bufs[len(built) :])
+
+
+def _rows_of(parts: Sequence[np.ndarray]) -> np.ndarray:
+    """The parts' pool rows, client after client."""
+    if isinstance(parts, FlatParts):
+        return parts.rows
+    return np.concatenate([np.asarray(p, np.int64) for p in parts])
+
+
+def _slot_of_rows(n: int, rows: np.ndarray, slots: np.ndarray, size: int) -> np.ndarray:
+    """int32 (int64 past 2^31 slots) ``[n]``: the slot of each pool row listed in ``rows``, -1
+    for the others."""
+    dtype = np.int32 if size < 2**31 else np.int64
+    out = np.full(n, -1, dtype)
+    out[rows] = slots
+    if len(rows) and not np.array_equal(out[rows], slots):
+        raise ConfigError("a pool row is listed twice in one data set")
+    return out
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _scatter_chunk(bufs, slots, x, y):
+    """Each buffer pair with the chunk's rows written at their slots (slot -1: not stored)."""
+    out = []
+    for (bx, by), s in zip(bufs, slots, strict=True):
+        lead = bx.shape[: bx.ndim - x.ndim + 1]
+        size = int(np.prod(lead))
+        s = jnp.where(s < 0, size, s)  # out of bounds: dropped
+        fx = bx.reshape((size,) + bx.shape[len(lead) :]).at[s].set(x, mode="drop")
+        fy = by.reshape((size,) + by.shape[len(lead) :]).at[s].set(y, mode="drop")
+        out.append((fx.reshape(bx.shape), fy.reshape(by.shape)))
+    return tuple(out)
 
 
 # above this many bytes an array is assembled on the device in chunks (a host copy in the

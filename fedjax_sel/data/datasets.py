@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +18,7 @@ import numpy as np
 from fedjax_sel.base import Array, ConfigError
 from fedjax_sel.data import loaders, shakespeare, synthetic
 from fedjax_sel.data import partition as partitioners
-from fedjax_sel.data.client_data import ClientData, from_parts
+from fedjax_sel.data.client_data import ClientData, RowChunks, from_parts, from_row_chunks
 from fedjax_sel.registry import Registry
 
 
@@ -184,9 +184,9 @@ def hold_out_server_set(ds: FederatedDataset, fraction: float, seed: int) -> Fed
 
 def _assemble(
     name: str,
-    x: np.ndarray,
-    y: np.ndarray,
-    parts: list[np.ndarray],
+    x: np.ndarray | RowChunks,
+    y: np.ndarray | None,
+    parts: Sequence[np.ndarray],
     *,
     rng: np.random.Generator,
     test_fraction: float,
@@ -199,27 +199,44 @@ def _assemble(
     central_test: tuple[np.ndarray, np.ndarray] | None = None,
     temporal_split: bool = False,
 ) -> FederatedDataset:
+    """The data set of a pool of examples ``x, y`` split among clients (``parts``), each
+    client's examples split into train and test. ``x`` may be a generator
+    (:class:`~fedjax_sel.data.client_data.RowChunks`, ``y`` then ``None``): its rows are made
+    once, written straight into the final arrays (:func:`from_row_chunks`), the same arrays as
+    from the whole pool."""
     if temporal_split:  # overlapping windows: hold out each client's last examples
         train_parts, test_parts = [], []
         for p in parts:
             n_test = min(int(round(test_fraction * len(p))), len(p) - 1)
             train_parts.append(p[: len(p) - n_test])
             test_parts.append(p[len(p) - n_test :])
+    elif isinstance(x, RowChunks):  # no array object per client
+        train_parts, test_parts = partitioners.split_train_test_flat(parts, test_fraction, rng)
+        del parts
     else:
         train_parts, test_parts = partitioners.split_train_test(parts, test_fraction, rng)
-    train = from_parts(x, y, train_parts, layout=layout, x_scale=x_scale)
-    test = None
-    if test_fraction > 0:
-        test = from_parts(x, y, test_parts, layout=layout, x_scale=x_scale, allow_empty=True)
-    if central_test is not None:
-        tx, ty = central_test
-    else:
-        idx = np.concatenate(test_parts) if test_fraction > 0 else np.zeros(0, np.int64)
+    idx = None
+    if central_test is None:
+        idx = np.zeros(0, np.int64)
+        if test_fraction > 0:
+            idx = test_parts.rows if isinstance(x, RowChunks) else np.concatenate(test_parts)
         if len(idx) == 0:
             raise ConfigError(
                 f"{name}: no test examples (test_fraction={test_fraction}); use a test fraction > 0"
             )
-        tx, ty = x[idx], y[idx]
+    test = None
+    if isinstance(x, RowChunks):  # a generator: every array filled in one pass, chunk by chunk
+        sets = [(train_parts, False)] + ([(test_parts, True)] if test_fraction > 0 else [])
+        built, rows = from_row_chunks(
+            x, sets, [] if idx is None else [idx], layout=layout, x_scale=x_scale
+        )
+        train, test = built[0], built[1] if test_fraction > 0 else None
+        tx, ty = rows[0] if idx is not None else central_test
+    else:
+        train = from_parts(x, y, train_parts, layout=layout, x_scale=x_scale)
+        if test_fraction > 0:
+            test = from_parts(x, y, test_parts, layout=layout, x_scale=x_scale, allow_empty=True)
+        tx, ty = (x[idx], y[idx]) if idx is not None else central_test
     if x_scale is not None:  # on the host: the same float32 product, no eager programs
         tx = np.asarray(tx, np.float32) * np.float32(x_scale)
     tx = jnp.asarray(tx)
@@ -315,7 +332,7 @@ def _leaf_synthetic(
     if partition != "natural":
         raise ConfigError("leaf_synthetic generates its own clients; its partition is 'natural'")
     key = jax.random.key(seed)
-    x, y, client = synthetic.leaf_synthetic(
+    pool, sizes = synthetic.leaf_synthetic_rows(
         key,
         num_clients,
         float(alpha),
@@ -327,12 +344,14 @@ def _leaf_synthetic(
         examples_per_client=None if examples_per_client is None else int(examples_per_client),
         personal_scale=None if personal_scale is None else float(personal_scale),
     )
-    parts = partition_by_client(client, num_clients)
+    if np.any(sizes == 0):
+        raise ConfigError(f"leaf_synthetic: max_examples={max_examples} leaves clients empty")
     return _assemble(
         "leaf_synthetic",
-        x,
-        y,
-        parts,
+        pool,
+        None,
+        # rows are grouped by client in client order (what partition_by_client finds)
+        partitioners.FlatParts.ranges(sizes),
         rng=np.random.default_rng(seed),
         test_fraction=0.1 if test_fraction is None else test_fraction,
         layout=layout,

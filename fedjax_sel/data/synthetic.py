@@ -8,13 +8,17 @@
 from __future__ import annotations
 
 import functools
+import math
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
+from jax.extend.random import define_prng_impl, threefry2x32_p
 
 from fedjax_sel.base import ConfigError, PRNGKey
+from fedjax_sel.data.client_data import RowChunks
 
 
 def leaf_synthetic_sizes(
@@ -65,57 +69,219 @@ def leaf_synthetic(
     N(u_k, 1)`` around one shared ``W, b ~ N(0, 1)`` (``s = 0``: one model, covariate shift
     through ``v_k`` only; ``u_k`` moves every logit alike, so only ``s`` sets the concept shift).
 
+    The rows are made a chunk at a time (:func:`leaf_synthetic_rows`, which data sets assemble
+    straight into their final layout); here they are written into host arrays.
+
     Returns:
       ``(x float32[N, dim], y int32[N], client int32[N])``, rows grouped by client.
     """
+    pool, sizes = leaf_synthetic_rows(
+        key,
+        num_clients,
+        alpha,
+        beta,
+        dim=dim,
+        num_classes=num_classes,
+        iid=iid,
+        max_examples=max_examples,
+        examples_per_client=examples_per_client,
+        personal_scale=personal_scale,
+        chunk_rows=chunk_rows,
+    )
+    n, rows = pool.num_rows, pool.chunk_rows
+    x_out = np.empty((n, dim), np.float32)
+    y_out = np.empty((n,), np.int32)
+    for i in range(pool.num_chunks):
+        x, y = pool.make(i)
+        m = min(rows, n - i * rows)
+        x_out[i * rows : i * rows + m] = np.asarray(x)[:m]
+        y_out[i * rows : i * rows + m] = np.asarray(y)[:m]
+    client = np.repeat(np.arange(num_clients, dtype=np.int32), sizes)
+    return x_out, y_out, client
+
+
+def leaf_synthetic_rows(
+    key: PRNGKey,
+    num_clients: int,
+    alpha: float = 1.0,
+    beta: float = 1.0,
+    *,
+    dim: int = 60,
+    num_classes: int = 10,
+    iid: bool = False,
+    max_examples: int | None = None,
+    examples_per_client: int | None = None,
+    personal_scale: float | None = None,
+    chunk_rows: int = 16384,
+) -> tuple[RowChunks, np.ndarray]:
+    """The rows of :func:`leaf_synthetic` (same arguments, the same values), made a chunk of
+    ``chunk_rows`` rows at a time on the device, and the clients' sizes (rows are grouped by
+    client, in client order).
+
+    Nothing of size K x dim x C is held: the client parameters ``v_k, W_k, b_k`` are drawn for a
+    block of clients at a time (the same values as whole-array draws: :func:`offset_normal`),
+    the blocks the current chunk's clients fall in. A chunk of rows is one compiled program
+    whatever K is; chunk ``i`` draws its examples from ``fold_in(key_8, i)``, so the values
+    depend on ``chunk_rows`` (the default is the one every committed result used)."""
     if num_clients < 1:
         raise ConfigError(f"leaf_synthetic needs num_clients >= 1, got {num_clients}")
     if alpha < 0 or beta < 0:
         raise ConfigError(f"leaf_synthetic alpha and beta must be >= 0, got {alpha}, {beta}")
+    if not iid and personal_scale is not None and not personal_scale >= 0:
+        raise ConfigError(f"leaf_synthetic personal_scale must be >= 0, got {personal_scale}")
+    if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):  # a raw uint32[2] key
+        key = jax.random.wrap_key_data(key)
     ks = jax.random.split(key, 9)
     sizes = leaf_synthetic_sizes(ks[0], num_clients, max_examples, examples_per_client)
     u = alpha * jax.random.normal(ks[1], (num_clients,))
     big_b = beta * jax.random.normal(ks[2], (num_clients,))
-    if iid:
-        v = jnp.zeros((num_clients, dim))
-        w = jnp.broadcast_to(
-            jax.random.normal(ks[3], (dim, num_classes)), (num_clients, dim, num_classes)
-        )
-        b = jnp.broadcast_to(jax.random.normal(ks[4], (num_classes,)), (num_clients, num_classes))
-    else:
-        v = _shifted_normal(ks[5], big_b, (num_clients, dim))
-        w = _shifted_normal(ks[6], u, (num_clients, dim, num_classes))
-        b = _shifted_normal(ks[7], u, (num_clients, num_classes))
-        if personal_scale is not None:
-            if not personal_scale >= 0:
-                raise ConfigError(
-                    f"leaf_synthetic personal_scale must be >= 0, got {personal_scale}"
-                )
-            w = _around_shared(w, jax.random.normal(ks[3], (dim, num_classes)), personal_scale)
-            b = _around_shared(b, jax.random.normal(ks[4], (num_classes,)), personal_scale)
-    client = np.repeat(np.arange(num_clients, dtype=np.int32), sizes)
-    sd = jnp.power(jnp.arange(1, dim + 1, dtype=jnp.float32), -0.6)  # sqrt of (j+1)^-1.2
-    # rows are made in fixed-size chunks by one compiled function that takes the client
-    # parameters as arguments (closing over them would bake K x dim x C constants into the
-    # program), written into preallocated host arrays
-    n = len(client)
-    x_out = np.empty((n, dim), np.float32)
-    y_out = np.empty((n,), np.int32)
+    n = int(sizes.sum())
     rows = min(chunk_rows, max(n, 1))
-    for i, start in enumerate(range(0, n, rows)):
-        c = client[start : start + rows]
-        x, y = _leaf_rows(
-            jax.random.fold_in(ks[8], i), jnp.asarray(np.pad(c, (0, rows - len(c)))), v, w, b, sd
+    ends = np.cumsum(sizes)
+    num_chunks = -(-n // rows)
+    # the first and last client of every chunk; a block holds as many clients as the widest
+    # chunk, so every chunk's clients lie in two consecutive blocks
+    first = np.searchsorted(ends, np.arange(num_chunks) * rows, side="right")
+    last = np.searchsorted(ends, np.minimum(np.arange(1, num_chunks + 1) * rows, n) - 1, "right")
+    block = int(np.max(last - first, initial=0)) + 1 if n else num_clients
+    num_blocks = -(-num_clients // block)
+    span = min(2, num_blocks)
+    shared = None
+    if iid or personal_scale is not None:
+        shared = (
+            jax.random.normal(ks[3], (dim, num_classes)),
+            jax.random.normal(ks[4], (num_classes,)),
         )
-        x_out[start : start + len(c)] = np.asarray(x)[: len(c)]
-        y_out[start : start + len(c)] = np.asarray(y)[: len(c)]
-    return x_out, y_out, client
+    zero_shift = jnp.zeros((block,), jnp.float32)
+    whole = None  # every client's parameters at once, where blocks cannot be drawn alone
+    if not iid and not _offset_draws(ks[5]):
+        whole = [
+            _add_shift(jax.random.normal(k, (num_clients, *shape)), shift)
+            for k, shape, shift in [
+                (ks[5], (dim,), big_b),
+                (ks[6], (dim, num_classes), u),
+                (ks[7], (num_classes,), u),
+            ]
+        ]
+
+    def shifts(a, q):  # u or B of block q's clients (zeros past the last client)
+        s = a[q * block : (q + 1) * block]
+        return s if s.shape[0] == block else jnp.concatenate([s, zero_shift[s.shape[0] :]])
+
+    if iid:  # every block's parameters: v = 0 and the shared W, b
+        same = (
+            jnp.zeros((block, dim)),
+            jnp.broadcast_to(shared[0], (block, dim, num_classes)),
+            jnp.broadcast_to(shared[1], (block, num_classes)),
+        )
+
+    def params(q):
+        """``(v, W, b)`` of block ``q``: clients ``q * block ... (q + 1) * block - 1``."""
+        if iid:
+            return same
+        start = q * block
+        if whole is not None:
+            v, w, b = (_rows_of(a, start, block) for a in whole)
+        else:
+            uq = shifts(u, q)
+            v = _add_shift(offset_normal(ks[5], (block, dim), start), shifts(big_b, q))
+            w = _add_shift(offset_normal(ks[6], (block, dim, num_classes), start), uq)
+            b = _add_shift(offset_normal(ks[7], (block, num_classes), start), uq)
+        if personal_scale is not None:
+            w = _around_shared(w, shared[0], float(personal_scale))
+            b = _around_shared(b, shared[1], float(personal_scale))
+        return v, w, b
+
+    sd = jnp.power(jnp.arange(1, dim + 1, dtype=jnp.float32), -0.6)  # sqrt of (j+1)^-1.2
+    cache: dict[int, tuple] = {}
+
+    def make(i: int):
+        """Rows ``i * rows ... (i + 1) * rows - 1`` (past the last row: client 0's, padding)."""
+        q0 = min(int(first[i]) // block, num_blocks - span)
+        for q in [q for q in cache if q < q0]:
+            del cache[q]
+        for q in range(q0, q0 + span):
+            if q not in cache:
+                cache[q] = params(q)
+        window = [cache[q] for q in range(q0, q0 + span)]
+        v, w, b = (
+            window[0] if span == 1 else [jnp.concatenate(p) for p in zip(*window, strict=True)]
+        )
+        c = np.searchsorted(ends, np.arange(i * rows, min((i + 1) * rows, n)), side="right")
+        c = np.pad(c - q0 * block, (0, rows - len(c))).astype(np.int32)
+        # rows are made by one compiled function that takes the client parameters as
+        # arguments (closing over them would bake their values into the program)
+        return _leaf_rows(jax.random.fold_in(ks[8], i), jnp.asarray(c), v, w, b, sd)
+
+    pool = RowChunks(
+        num_rows=n,
+        chunk_rows=rows,
+        make=make,
+        x=jax.ShapeDtypeStruct((dim,), jnp.float32),
+        y=jax.ShapeDtypeStruct((), jnp.int32),
+    )
+    return pool, sizes
 
 
-def _shifted_normal(key, shift, shape):
-    """``shift_k + N(0, 1)`` of the given shape, ``shift`` broadcast along the first axis; the
-    sum is written into the draw's buffer (donated), so a K x dim x C array exists once."""
-    return _add_shift(jax.random.normal(key, shape), shift)
+def _offset_bits(key_data, bit_width, shape):
+    """Threefry bits of elements ``start ... start + size - 1`` of a larger draw (``key_data``:
+    the key's two words, then ``start``'s high and low words): element ``i`` of a draw of any
+    shape hashes its row-major index ``i`` (``jax_threefry_partitionable``)."""
+    if bit_width != 32:
+        raise NotImplementedError("offset draws make 32-bit words only")
+    hi, lo = _counters(key_data[2], key_data[3], math.prod(shape))
+    b1, b2 = threefry2x32_p.bind(key_data[0], key_data[1], hi, lo)
+    return (b1 ^ b2).reshape(shape)
+
+
+def _counters(start_hi, start_lo, size: int):
+    """The 64-bit counters ``start + [0, size)`` as (high, low) uint32 words (``size`` below
+    2^32: at most one carry)."""
+    lo = start_lo + lax.iota(np.uint32, size)
+    return start_hi + (lo < start_lo).astype(np.uint32), lo
+
+
+def _unused(*args, **kwargs):
+    raise NotImplementedError("offset keys only draw")
+
+
+_OFFSET_THREEFRY = define_prng_impl(
+    key_shape=(4,),
+    seed=_unused,
+    split=_unused,
+    random_bits=_offset_bits,
+    fold_in=_unused,
+    name="threefry2x32_offset",
+)
+
+
+def _offset_draws(key: PRNGKey) -> bool:
+    """Whether :func:`offset_normal` can draw from ``key``: a threefry key, and the draws
+    partitionable (the default; otherwise a draw's bits depend on its whole size)."""
+    return bool(jax.config.jax_threefry_partitionable) and (
+        str(jax.random.key_impl(key)) == "threefry2x32"
+    )
+
+
+def _rows_of(a: jax.Array, start: int, size: int) -> jax.Array:
+    """Rows ``start ... start + size - 1`` of ``a``, zero-padded past its end."""
+    part = a[start : start + size]
+    pad = size - part.shape[0]
+    return part if pad == 0 else jnp.concatenate([part, jnp.zeros((pad,) + a.shape[1:], a.dtype)])
+
+
+def offset_normal(key: PRNGKey, shape: tuple[int, ...], start: int) -> jax.Array:
+    """``jax.random.normal(key, (N, *shape[1:]))[start : start + shape[0]]`` for any N (rows
+    past N too), without drawing the whole array: ``jax.random.normal`` itself, on threefry
+    bits of the elements' own row-major indices (what the whole draw hashes)."""
+    if not _offset_draws(key):
+        raise ConfigError(
+            "offset draws need a threefry2x32 key and jax_threefry_partitionable (the default)"
+        )
+    k = np.asarray(jax.random.key_data(key), np.uint32)
+    first = int(start) * math.prod(shape[1:])
+    data = np.array([k[0], k[1], first >> 32, first & 0xFFFFFFFF], np.uint32)
+    return jax.random.normal(jax.random.wrap_key_data(data, impl=_OFFSET_THREEFRY), shape)
 
 
 @functools.partial(jax.jit, donate_argnums=0)
