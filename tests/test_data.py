@@ -429,23 +429,38 @@ def test_from_row_chunks_equals_from_parts():
         from_row_chunks(pool, [([np.array([3, 4]), np.array([4])], False)])
 
 
+def _split_reference(parts, fraction, rng):
+    """Per client: permute, the first round(f * n) (at most n - 1) are the test part."""
+    train, test = [], []
+    for p in parts:
+        p = rng.permutation(p)
+        n_test = min(int(round(fraction * len(p))), len(p) - 1)
+        test.append(np.sort(p[:n_test]))
+        train.append(np.sort(p[n_test:]))
+    return train, test
+
+
 def test_split_train_test_flat_makes_the_same_split():
-    """The flat split draws what :func:`split_train_test` draws (the generator ends in the same
-    state) and holds the same parts, empty and one-example clients included."""
+    """The flat split, and split_train_test's lists of it, draw what a plain per-client loop
+    draws (the generator ends in the same state) and hold the same parts, empty and
+    one-example clients included."""
     from fedjax_sel.data.partition import FlatParts, split_train_test, split_train_test_flat
 
     sizes = np.array([20, 1, 0, 7, 33, 2, 20, 5])
     parts = FlatParts.ranges(sizes)
     assert [len(p) for p in parts] == sizes.tolist() and len(parts) == len(sizes)
     for fraction in (0.0, 0.1, 0.25, 0.5):
-        r1, r2 = np.random.default_rng(9), np.random.default_rng(9)
-        want = split_train_test([np.asarray(p) for p in parts], fraction, r1)
-        got = split_train_test_flat(parts, fraction, r2)
-        for g, w in zip(got, want, strict=True):
-            assert len(g) == len(w)
-            for a, b in zip(g, w, strict=True):
-                np.testing.assert_array_equal(a, b)
-        assert r1.bit_generator.state == r2.bit_generator.state
+        r1, r2, r3 = (np.random.default_rng(9) for _ in range(3))
+        want = _split_reference([np.asarray(p) for p in parts], fraction, r1)
+        for got in (
+            split_train_test_flat(parts, fraction, r2),
+            split_train_test([np.asarray(p) for p in parts], fraction, r3),
+        ):
+            for g, w in zip(got, want, strict=True):
+                assert len(g) == len(w)
+                for a, b in zip(g, w, strict=True):
+                    np.testing.assert_array_equal(a, b)
+        assert r1.bit_generator.state == r2.bit_generator.state == r3.bit_generator.state
 
 
 def test_clustered_regression_is_linear_in_its_cluster():

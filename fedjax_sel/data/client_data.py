@@ -180,21 +180,11 @@ def from_parts(
     """
     counts = _part_sizes(parts, layout, allow_empty)
     layout, n_max = _choose_layout(counts, layout, max_padding_ratio)
-    total, k = int(counts.sum()), len(parts)
     x = np.asarray(x)
     y = np.asarray(y)
     order = _rows_of(parts)
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    if layout == "padded":
-        # row r of the concatenated parts goes to (its client, its position in the client)
-        owner = np.repeat(np.arange(k), counts)
-        where = (owner, np.arange(total) - np.repeat(starts, counts))
-        shape = (k, n_max)
-        offsets = np.zeros(k, np.int64)
-    else:
-        where = (np.arange(total),)
-        shape = (total,)
-        offsets = starts
+    shape, slots, offsets = _placement(counts, layout, n_max)
+    where = np.unravel_index(slots, shape)  # padded: (its client, its position in the client)
     return ClientData(
         x=_gathered_on_device(x, order, where, shape),
         y=_gathered_on_device(y, order, where, shape),
@@ -228,6 +218,20 @@ def _choose_layout(counts: np.ndarray, layout: str, max_padding_ratio: float) ->
     if layout == "auto":
         layout = "padded" if k * n_max <= max_padding_ratio * total else "flat"
     return layout, n_max
+
+
+def _placement(
+    counts: np.ndarray, layout: str, n_max: int
+) -> tuple[tuple[int, ...], np.ndarray, np.ndarray]:
+    """Where the concatenated parts' rows go: ``(shape, slots, offsets)``, ``slots[r]`` the
+    flat index of row ``r`` in an array of ``shape`` (padded: ``(K, n_max)``, each client's rows
+    at the start of its own row; flat: ``(total,)``, in order) and the clients' offsets."""
+    k, total = len(counts), int(counts.sum())
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    if layout == "padded":
+        slots = np.repeat(np.arange(k, dtype=np.int64) * n_max - starts, counts)
+        return (k, n_max), slots + np.arange(total), np.zeros(k, np.int64)
+    return (total,), np.arange(total, dtype=np.int64), starts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -286,15 +290,7 @@ def from_row_chunks(
     for parts, allow_empty in client_parts:
         counts = _part_sizes(parts, layout, allow_empty)
         kind, n_max = _choose_layout(counts, layout, max_padding_ratio)
-        k, total = len(parts), int(counts.sum())
-        starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-        if kind == "padded":  # row r of the concatenated parts: its client's slot
-            shape = (k, n_max)
-            slots = np.repeat(np.arange(k, dtype=np.int64) * n_max - starts, counts)
-            slots += np.arange(total)
-            offsets = np.zeros(k, np.int64)
-        else:
-            shape, slots, offsets = (total,), np.arange(total), starts
+        shape, slots, offsets = _placement(counts, kind, n_max)
         targets.append((shape, _slot_of_rows(n, _rows_of(parts), slots, int(np.prod(shape)))))
         built.append((counts, offsets, kind, n_max))
     for rows in row_sets:

@@ -210,16 +210,18 @@ def _assemble(
             n_test = min(int(round(test_fraction * len(p))), len(p) - 1)
             train_parts.append(p[: len(p) - n_test])
             test_parts.append(p[len(p) - n_test :])
-    elif isinstance(x, RowChunks):  # no array object per client
+    else:  # no array object per client
         train_parts, test_parts = partitioners.split_train_test_flat(parts, test_fraction, rng)
         del parts
-    else:
-        train_parts, test_parts = partitioners.split_train_test(parts, test_fraction, rng)
     idx = None
     if central_test is None:
         idx = np.zeros(0, np.int64)
         if test_fraction > 0:
-            idx = test_parts.rows if isinstance(x, RowChunks) else np.concatenate(test_parts)
+            idx = (
+                test_parts.rows
+                if isinstance(test_parts, partitioners.FlatParts)
+                else np.concatenate(test_parts)
+            )
         if len(idx) == 0:
             raise ConfigError(
                 f"{name}: no test examples (test_fraction={test_fraction}); use a test fraction > 0"

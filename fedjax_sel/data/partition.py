@@ -156,16 +156,10 @@ def natural(groups: np.ndarray, num_clients: int | None = None) -> list[np.ndarr
 def split_train_test(
     parts: Sequence[np.ndarray], test_fraction: float, rng: np.random.Generator
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Splits every client's indices into train and test (at least one training example)."""
-    if not 0.0 <= test_fraction < 1.0:
-        raise ConfigError(f"test fraction must be in [0, 1), got {test_fraction!r}")
-    train, test = [], []
-    for p in parts:
-        p = rng.permutation(p)
-        n_test = min(int(round(test_fraction * len(p))), len(p) - 1)
-        test.append(np.sort(p[:n_test]))
-        train.append(np.sort(p[n_test:]))
-    return train, test
+    """Splits every client's indices into train and test (at least one training example):
+    :func:`split_train_test_flat`'s parts, one array per client."""
+    train, test = split_train_test_flat(parts, test_fraction, rng)
+    return list(train), list(test)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -205,8 +199,10 @@ class FlatParts(Sequence):
 def split_train_test_flat(
     parts: Sequence[np.ndarray], test_fraction: float, rng: np.random.Generator
 ) -> tuple[FlatParts, FlatParts]:
-    """:func:`split_train_test` (the same draws, the same parts) into two :class:`FlatParts`:
-    no array object per client is kept."""
+    """Splits every client's indices into train and test, two :class:`FlatParts` (no array
+    object per client is kept): each client's indices permuted by ``rng``, the first
+    ``round(test_fraction * n)`` (at most ``n - 1``: at least one training example) sorted into
+    its test part, the rest into its train part."""
     if not 0.0 <= test_fraction < 1.0:
         raise ConfigError(f"test fraction must be in [0, 1), got {test_fraction!r}")
     flat = isinstance(parts, FlatParts)
