@@ -78,6 +78,14 @@ def test_configs_follow_each_profile():
     assert c.availability == "markov:mix=code,id_seed=0" and rep.fig1_rounds(code, full) == 150
     # the reference's torch.nn.Linear, regularised by weight decay alone (no ridge on top)
     assert c.model_args == {"init": "torch"}
+    # every round evaluated, for the reference's time-average (tuning keeps its own schedule)
+    assert (
+        c.eval_every == 1
+        and rep.make_config(
+            "ca_fed", "synthetic", paper, full, lr=(0.1, 1.0), rounds=200
+        ).eval_every
+        == full.eval_every
+    )
     mnist = rep.make_config("ca_fed", "mnist", code, full, lr=(0.001, 0.1), rounds=150)
     assert mnist.strategy_args["optimum"] == "zero" and "optimum_values" not in mnist.strategy_args
     assert (mnist.partition, mnist.test_fraction, mnist.batch_size) == ("dirichlet:0.5", 0.2, 64)

@@ -370,7 +370,8 @@ def make_config(
         server_momentum=profile.server_momentum,
         server_weight_decay=profile.server_weight_decay,
         availability=availability or profile.availability,
-        eval_every=eval_every or scale.eval_every,
+        # the reference's time-average reads its logged rounds: every round is evaluated
+        eval_every=eval_every or (1 if profile.reference_average else scale.eval_every),
         data_seed=0,  # one data set; seeds vary the chains, the model and the training noise
     )
     if dataset == "synthetic":
@@ -836,8 +837,6 @@ class Reproduction:
 
     def config(self, strategy: str, dataset: str, *, rounds: int, **kw) -> RunConfig:
         extra = {**self.datasets.get(dataset, {}), **kw}
-        if self.profile.reference_average:
-            extra.setdefault("eval_every", 1)
         lr = self.lrs[(dataset, strategy)]
         return make_config(
             strategy, dataset, self.profile, self.scale, lr=lr, rounds=rounds, **extra
@@ -933,7 +932,6 @@ def add_control(rep: Reproduction, optima: tuple[float, ...]) -> None:
             rounds=rep.scale.rounds_control,
             num_clients=CONTROL_CLIENTS,
             optima=optima,
-            eval_every=1 if rep.profile.reference_average else None,
         )
         rep.study.add("control N=24", LABELS[s], config)
 
