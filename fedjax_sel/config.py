@@ -243,8 +243,9 @@ class RunConfig:
     matmul_precision: Literal["default", "bfloat16", "tensorfloat32", "float32"] = setting(
         "default",
         "precision of float32 matrix products and convolutions (jax.default_matmul_precision): "
-        "bfloat16 and tensorfloat32 trade accuracy for speed on GPUs and TPUs; CPUs compute "
-        "float32 whatever it says",
+        "default keeps the process's own setting (unset: XLA's, TensorFloat-32 on recent "
+        "NVIDIA GPUs); bfloat16 and tensorfloat32 trade accuracy for speed on GPUs and TPUs, "
+        "float32 is full precision there; CPUs compute float32 whatever it says",
         group=_T,
     )
     parallel: str = setting(

@@ -33,6 +33,12 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1"
 jax.config.update("jax_disable_most_optimizations", True)
 
+# GPUs multiply float32 matrices in TensorFloat-32 by default (a 10-bit mantissa), and the suite
+# compares against float64 NumPy references: full float32 products everywhere (what CPUs compute
+# anyway). A run's matmul_precision="default" keeps it; subprocesses inherit it.
+os.environ["JAX_DEFAULT_MATMUL_PRECISION"] = "float32"
+jax.config.update("jax_default_matmul_precision", "float32")
+
 
 def _test_xla_flags() -> str:
     """XLA flags for the suite: with most optimizations off, the CPU backend's classic fusion

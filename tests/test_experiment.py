@@ -335,7 +335,9 @@ def test_sweep_override_sets_every_cell_after_the_strategies(tmp_path):
 
 def test_matmul_precision_is_the_one_the_round_is_traced_under(tmp_path):
     """``matmul_precision`` reaches every compiled program of the run (its products carry the
-    matching precision), is written to config.json, and a bad value is refused by name."""
+    matching precision), is written to config.json, and a bad value is refused by name;
+    ``default`` keeps the process's own setting (the suite's float32, or one set around the
+    run). bfloat16 differs from both, so the check fails if the setting is ignored."""
     import flax.linen as nn
     import jax
 
@@ -354,13 +356,17 @@ def test_matmul_precision_is_the_one_the_round_is_traced_under(tmp_path):
     probe = from_linen(Probe(), name="probe", input_shape=ds.input_shape)
     seen.clear()  # from_linen traces the module once to check its output shape
     r = run_experiment(
-        small(matmul_precision="float32", rounds=2), tmp_path / "p", progress=False, model=probe
+        small(matmul_precision="bfloat16", rounds=2), tmp_path / "p", progress=False, model=probe
     )
-    assert seen == {"float32"}
+    assert seen == {"bfloat16"}
     assert (
         json.loads((tmp_path / "p" / "config.json").read_text())["config"]["matmul_precision"]
-        == "float32"
+        == "bfloat16"
     )
     assert r.summary["rounds_completed"] == 2
+    seen.clear()
+    with jax.default_matmul_precision("tensorfloat32"):
+        run_experiment(small(rounds=2), tmp_path / "d", progress=False, model=probe)
+    assert seen == {"tensorfloat32"}
     with pytest.raises(ConfigError, match="fp8"):
         small(matmul_precision="fp8").resolve()

@@ -437,7 +437,10 @@ def test_client_batch_losses_in_chunks_match_numpy():
     data = from_client_arrays(xs, ys, layout="padded")
     whole = np.asarray(client_batch_losses(model, params, data, listed, key, 8))
     chunked = np.asarray(client_batch_losses(model, params, data, listed, key, 8, chunk=4))
-    np.testing.assert_array_equal(chunked, whole)
+    if jax.default_backend() == "cpu":
+        np.testing.assert_array_equal(chunked, whole)
+    else:  # a GPU's reduction order follows the batch shape (last bit differs on an H200)
+        np.testing.assert_allclose(chunked, whole, rtol=1e-6)
     for i, c in enumerate(np.asarray(listed)):
         n = sizes[c]
         if n <= 8:

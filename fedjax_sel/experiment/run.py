@@ -9,6 +9,7 @@ interrupted (timings aside). :func:`run_experiment` is the group of one behind
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -230,8 +231,15 @@ def run_group(
             "run_group: the configurations differ in more than their seeds and traced "
             "hyperparameters"
         )
-    # every program of the group is traced (and cached) under the configured precision
-    with jax.default_matmul_precision(configs[0].matmul_precision):
+    # every program of the group is traced (and cached) under the configured precision;
+    # "default" keeps the process's own (jax.default_matmul_precision or its environment
+    # variable; unset, XLA's: TensorFloat-32 products on recent NVIDIA GPUs)
+    precision = configs[0].matmul_precision
+    with (
+        contextlib.nullcontext()
+        if precision == "default"
+        else jax.default_matmul_precision(precision)
+    ):
         return _run_group(
             configs, outs, infos, seeds_together, dataset, model, bar, echo, resume, trace_dir
         )

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The checks to run when a GPU is lent, in one pass sized for a short lease (about 9 minutes
+# after the machine starts). Each step has its own time limit and the results are packed into
+# $OUT/gpu.tar after every step, so a step cut short loses only itself:
+#   1. the machine and jax's devices;
+#   2. bench scale: 10^6 clients, 10^4 per round (issue 34's GPU goal), uniform first;
+#   3. bench throughput: the MLP (P = 1000) and the CNN (P = 100) with fixed steps, at the
+#      default float32 matmul precision and at bfloat16 (JAX_DEFAULT_MATMUL_PRECISION), each
+#      against its own precision's matmul peak (8192-cube product);
+#   4. the test suite on the GPU, as far as its limit allows (one line per test in the log);
+#   5. bench scale for the strategies with all-client work (CA-Fed, HeteRo-Select), as far as
+#      the lease allows.
+# Run from the repository root with the image's jax on PYTHONPATH:
+#   OUT=/tmp/out bash benchmarks/gpu_check.sh
+# GPU_CHECK_CLIENTS / GPU_CHECK_PER_ROUND / GPU_CHECK_SCALE_S / GPU_CHECK_TP_S / GPU_CHECK_TESTS_S
+# shrink it for a dry run on a CPU.
+set -u
+OUT=${OUT:-/tmp/gpu_check_out}
+RES=${GPU_CHECK_RES:-/tmp/gpu_check_res}
+PY=${PY:-python3}
+K=${GPU_CHECK_CLIENTS:-1000000}
+P=${GPU_CHECK_PER_ROUND:-10000}
+SCALE_S=${GPU_CHECK_SCALE_S:-120}
+TP_S=${GPU_CHECK_TP_S:-70}
+TESTS_S=${GPU_CHECK_TESTS_S:-150}
+mkdir -p "$RES" "$OUT"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
+START=$(date +%s)
+
+pack() { tar -C "$RES" -cf "$OUT/gpu.tar" . ; }
+step() {  # step SECONDS NAME COMMAND...
+    local limit=$1 name=$2
+    shift 2
+    echo "== $name: start at +$(($(date +%s) - START)) s, limit $limit s"
+    timeout "$limit" "$@" 2>&1 | tee "$RES/$name.log"
+    echo "== $name: rc=${PIPESTATUS[0]} at +$(($(date +%s) - START)) s"
+    pack
+}
+scale() {  # scale NAME STRATEGY
+    step "$SCALE_S" "scale_$1" "$PY" -m fedjax_sel.cli bench scale --strategy "$2" \
+        --clients "$K" --per-round "$P" --out "$RES/scale_$1.json"
+}
+throughput() {  # throughput MODEL PER_ROUND PRECISION
+    step "$TP_S" "tp_$1_$3" env JAX_DEFAULT_MATMUL_PRECISION="$3" "$PY" -m fedjax_sel.cli \
+        bench throughput --model "$1" --per-round "$2" --mode vmap --work steps \
+        --local-steps 10 --batch-size 32 --out "$RES/tp_$1_$3.json"
+}
+
+step 60 env bash -c "nvidia-smi; $PY -c 'import jax, flax, optax, chex; print(jax.__version__, \
+flax.__version__, optax.__version__, chex.__version__, jax.devices())'"
+scale uniform uniform
+throughput mlp 1000 default
+throughput cnn 100 default
+throughput mlp 1000 bfloat16
+throughput cnn 100 bfloat16
+step "$TESTS_S" tests "$PY" -m pytest -v -n 12 --dist loadfile -p no:cacheprovider \
+    --timeout 120 tests
+scale ca_fed ca_fed
+scale hetero_select hetero_select
+echo "== done at +$(($(date +%s) - START)) s"
