@@ -68,6 +68,7 @@ import numpy as np
 from fedjax_sel.base import ConfigError
 from fedjax_sel.config import RunConfig, read_config_file
 from fedjax_sel.experiment import run as run_lib
+from fedjax_sel.experiment.mappings import release_if_crowded
 from fedjax_sel.experiment.outputs import write_json
 
 
@@ -489,6 +490,7 @@ def run_cells(
             )
             for i, r in zip(members, out, strict=True):
                 results[i] = r
+            release_if_crowded(echo=echo)
     finally:
         if bar is not None and own_bar:
             bar.close()
