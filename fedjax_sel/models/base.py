@@ -107,7 +107,7 @@ def ridge(coef: float) -> Callable[[Params], Array]:
     return reg
 
 
-CONV_IMPLS = ("patches", "xla")
+CONV_IMPLS = ("patches", "xla", "xla_nhwc")
 
 
 def from_linen(
@@ -126,13 +126,15 @@ def from_linen(
 
     ``conv_impl``: how the module's ``nn.Conv`` layers compute inside the simulator: as
     ``patches`` @ kernel (fast vmapped over clients and inside compiled loops; equal to
-    ``lax.conv`` up to float rounding) or with ``xla``'s convolution. The module is unchanged.
+    ``lax.conv`` up to float rounding), with ``xla``'s convolution as written, or ``xla_nhwc``:
+    XLA's convolution with the kernel gradient written channels-last (fast inside compiled
+    loops on a CPU; :mod:`fedjax_sel.models.conv`). The module is unchanged.
     """
     if task not in ("classification", "regression"):
         raise ConfigError(f"task must be 'classification' or 'regression', got {task!r}")
     if conv_impl not in CONV_IMPLS:
         raise ConfigError(f"conv_impl must be one of {CONV_IMPLS}, got {conv_impl!r}")
-    from fedjax_sel.models.conv import count_convolutions, patches_convolutions
+    from fedjax_sel.models.conv import convolutions, count_convolutions
 
     dummy = jnp.zeros((1,) + tuple(input_shape), input_dtype)
     has_convs = count_convolutions(module, dummy) > 0
@@ -141,10 +143,8 @@ def from_linen(
         return module.init(key, dummy)["params"]
 
     def apply(params: Params, x: Array) -> Array:
-        if has_convs and conv_impl == "patches":
-            with patches_convolutions():
-                return module.apply({"params": params}, x)
-        return module.apply({"params": params}, x)
+        with convolutions(conv_impl if has_convs else None):
+            return module.apply({"params": params}, x)
 
     classify = task == "classification"
     return Model(
@@ -167,17 +167,15 @@ def with_conv_impl(model: Model, conv_impl: str) -> Model:
         return model
     if model.module is None:
         raise ConfigError(f"model {model.name!r} has no flax module to switch convolutions in")
-    from fedjax_sel.models.conv import patches_convolutions
+    from fedjax_sel.models.conv import convolutions
 
     module = model.module
     if conv_impl not in CONV_IMPLS:
         raise ConfigError(f"conv_impl must be one of {CONV_IMPLS}, got {conv_impl!r}")
 
     def apply(params: Params, x: Array) -> Array:
-        if conv_impl == "patches":
-            with patches_convolutions():
-                return module.apply({"params": params}, x)
-        return module.apply({"params": params}, x)
+        with convolutions(conv_impl):
+            return module.apply({"params": params}, x)
 
     return model._replace(apply=apply, conv_impl=conv_impl)
 

@@ -32,11 +32,12 @@ def cnn(
     *,
     input_shape: tuple[int, ...],
     num_classes: int,
-    conv_impl: Literal["patches", "xla"] = "patches",
+    conv_impl: Literal["patches", "xla", "xla_nhwc"] = "patches",
 ) -> Model:
     """Args: conv_impl: ``patches`` (im2col + matmul; vmaps into batched GEMMs and stays fast
-    inside compiled loops on XLA:CPU) or ``xla`` (``lax.conv``); both compute the same
-    function (:mod:`fedjax_sel.models.conv`)."""
+    inside compiled loops on XLA:CPU), ``xla`` (``lax.conv``) or ``xla_nhwc`` (``lax.conv``
+    with a channels-last kernel gradient, fast inside compiled loops on XLA:CPU); all compute
+    the same function (:mod:`fedjax_sel.models.conv`)."""
     check_image_input("cnn", input_shape)
     return from_linen(
         CNN(features=num_classes), name="cnn", input_shape=input_shape, conv_impl=conv_impl

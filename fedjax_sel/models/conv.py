@@ -1,10 +1,19 @@
-"""Convolutions as patches @ kernel (im2col) for any flax model (README, "Bring your own model").
+"""Convolutions for any flax model inside the compiled round (README, "Bring your own model").
 
 Inside the compiled round a convolution is slow twice on XLA:CPU: vmapped over clients it
 becomes a grouped convolution with per-client kernels, and inside a compiled loop (``scan``,
-``while``) it runs several times slower than outside (jax-ml/jax issue 12868). Written as
-shifted slices (the patches) and one matmul, per-client kernels become batched GEMMs instead,
-which stay fast in both places.
+``while``) its training step runs many times slower than outside (jax-ml/jax issue 12868). Two
+ways around it, each an ``nn.Conv`` interceptor:
+
+* ``patches``: shifted slices (the patches) and one matmul; per-client kernels become batched
+  GEMMs, which stay fast in both places (:func:`patches_conv_general_dilated`).
+* ``xla_nhwc``: XLA's own convolution, with the kernel gradient written out as a channels-last
+  convolution (:func:`nhwc_grad_conv_general_dilated`). The loop's slowness is that one
+  gradient: jax expresses it as a convolution whose batch and feature dimensions are swapped,
+  which XLA:CPU runs through its library kernel at the top level of a program but as a naive
+  loop nest inside a ``while`` body (40 times slower for a 3x3, 32 -> 64 layer on the 2-core
+  CPU). Transposed to channels-last first, the same sums run through the library kernel
+  everywhere. Clients run one after another (``map``) then train at the loop's speed.
 
 :func:`patches_conv_general_dilated` has ``lax.conv_general_dilated``'s signature for the
 channels-last layouts flax uses; :func:`patches_convolutions` is a flax method interceptor that
@@ -19,6 +28,7 @@ parameters. What it cannot express (input dilation, other layouts) is refused wi
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import math
 from collections.abc import Iterator, Sequence
@@ -26,6 +36,7 @@ from collections.abc import Iterator, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from fedjax_sel.base import Array, ConfigError
 
@@ -127,24 +138,178 @@ def patches_conv_general_dilated(
     return y.reshape(y.shape[:-2] + (features,))
 
 
-def _conv_interceptor(next_fun, args, kwargs, context):
-    """Runs ``nn.Conv.__call__`` with :func:`patches_conv_general_dilated` as its convolution
-    (the module's ``conv_general_dilated`` field, read only inside ``__call__``)."""
-    module = context.module
-    if not isinstance(module, nn.Conv) or context.method_name != "__call__":
-        return next_fun(*args, **kwargs)
-    previous = module.conv_general_dilated
-    object.__setattr__(module, "conv_general_dilated", patches_conv_general_dilated)
-    try:
-        return next_fun(*args, **kwargs)
-    finally:
-        object.__setattr__(module, "conv_general_dilated", previous)
+def _channels_last(n: int) -> lax.ConvDimensionNumbers:
+    """NHWC / HWIO / NHWC for ``n`` spatial dimensions."""
+    spatial = tuple(range(1, n + 1))
+    return lax.ConvDimensionNumbers(
+        lhs_spec=(0, n + 1, *spatial),
+        rhs_spec=(n + 1, n, *range(n)),
+        out_spec=(0, n + 1, *spatial),
+    )
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
+def _conv_nhwc_grad(lhs, rhs, strides, pads, dilation, precision):
+    return lax.conv_general_dilated(
+        lhs,
+        rhs,
+        strides,
+        pads,
+        rhs_dilation=dilation,
+        dimension_numbers=_channels_last(lhs.ndim - 2),
+        precision=precision,
+    )
+
+
+def _conv_nhwc_grad_fwd(lhs, rhs, strides, pads, dilation, precision):
+    return _conv_nhwc_grad(lhs, rhs, strides, pads, dilation, precision), (lhs, rhs)
+
+
+def _conv_nhwc_grad_bwd(strides, pads, dilation, precision, residuals, g):
+    lhs, rhs = residuals
+    n = lhs.ndim - 2
+    dn = _channels_last(n)
+    sp = tuple(range(1, n + 1))
+    kernel, spatial, out = rhs.shape[:n], lhs.shape[1:-1], g.shape[1:-1]
+    kernel_extent = [1 + d * (k - 1) for k, d in zip(kernel, dilation, strict=True)]
+    out_extent = [1 + s * (o - 1) for o, s in zip(out, strides, strict=True)]
+    # input gradient: the output gradient, dilated by the strides, convolved with the kernel
+    # flipped in space and with its in/out features swapped (jax's lhs transpose rule, with
+    # the swap done on the array, not in the dimension numbers)
+    before = [e - lo - 1 for e, (lo, _hi) in zip(kernel_extent, pads, strict=True)]
+    after = [
+        length + e - 1 - oe - b
+        for length, e, oe, b in zip(spatial, kernel_extent, out_extent, before, strict=True)
+    ]
+    flipped = jnp.flip(rhs, axis=tuple(range(n))).swapaxes(n, n + 1)
+    d_lhs = lax.conv_general_dilated(
+        g,
+        flipped,
+        (1,) * n,
+        list(zip(before, after, strict=True)),
+        lhs_dilation=strides,
+        rhs_dilation=dilation,
+        dimension_numbers=dn,
+        precision=precision,
+    )
+    # kernel gradient: dW[k, c, f] = sum_{b, o} x_pad[b, o * s + k * d, c] g[b, o, f], a
+    # convolution of the input (channels as batch, examples as features) with the output
+    # gradient as its kernel; the forward strides become the kernel dilation and the forward
+    # kernel dilation the window strides (jax's rhs transpose rule, written channels-last)
+    pads_for_grad = [
+        (lo, oe - length + e - lo - 1)
+        for (lo, _hi), length, e, oe in zip(pads, spatial, kernel_extent, out_extent, strict=True)
+    ]
+    d_rhs = lax.conv_general_dilated(
+        lhs.transpose(n + 1, *sp, 0),  # [B, *sp, C] -> [C, *sp, B]
+        g.transpose(*sp, 0, n + 1),  # [B, *o, F] -> [*o, B, F]
+        dilation,
+        pads_for_grad,
+        rhs_dilation=strides,
+        dimension_numbers=dn,
+        precision=precision,
+    )  # [C, *k, F]
+    return d_lhs, d_rhs.transpose(*sp, 0, n + 1)
+
+
+_conv_nhwc_grad.defvjp(_conv_nhwc_grad_fwd, _conv_nhwc_grad_bwd)
+
+
+def nhwc_grad_conv_general_dilated(
+    lhs: Array,
+    rhs: Array,
+    window_strides: Sequence[int],
+    padding,
+    lhs_dilation: Sequence[int] | None = None,
+    rhs_dilation: Sequence[int] | None = None,
+    dimension_numbers=None,
+    feature_group_count: int = 1,
+    batch_group_count: int = 1,
+    precision=None,
+    preferred_element_type=None,
+) -> Array:
+    """``lax.conv_general_dilated`` with its kernel gradient computed as a channels-last
+    convolution (the module docstring says why). Same values as XLA's own gradient; what it
+    does not cover (input dilation, feature or batch groups, other layouts, a preferred
+    output type) is left to ``lax.conv_general_dilated`` unchanged."""
+    n = lhs.ndim - 2
+    spec = tuple(getattr(dimension_numbers, "lhs_spec", ()) or ())
+    plain = (
+        (lhs_dilation is None or all(d == 1 for d in lhs_dilation))
+        and feature_group_count == 1
+        and batch_group_count == 1
+        and preferred_element_type is None
+        and (not spec or spec == _channels_last(n).lhs_spec)
+        and (
+            dimension_numbers is None
+            or tuple(dimension_numbers.rhs_spec) == _channels_last(n).rhs_spec
+        )
+    )
+    if not plain:
+        return lax.conv_general_dilated(
+            lhs,
+            rhs,
+            window_strides,
+            padding,
+            lhs_dilation,
+            rhs_dilation,
+            dimension_numbers,
+            feature_group_count,
+            batch_group_count,
+            precision,
+            preferred_element_type,
+        )
+    kernel = tuple(rhs.shape[:n])
+    strides = tuple(int(s) for s in window_strides) if window_strides else (1,) * n
+    dilation = tuple(int(d) for d in rhs_dilation) if rhs_dilation else (1,) * n
+    pads = tuple(_explicit_padding(padding, lhs.shape[1:-1], kernel, strides, dilation))
+    return _conv_nhwc_grad(lhs, rhs, strides, pads, dilation, precision)
+
+
+def _interceptor(conv_general_dilated):
+    """A flax method interceptor that runs ``nn.Conv.__call__`` with ``conv_general_dilated``
+    as its convolution (the module's field of that name, read only inside ``__call__``)."""
+
+    def intercept(next_fun, args, kwargs, context):
+        module = context.module
+        if not isinstance(module, nn.Conv) or context.method_name != "__call__":
+            return next_fun(*args, **kwargs)
+        previous = module.conv_general_dilated
+        object.__setattr__(module, "conv_general_dilated", conv_general_dilated)
+        try:
+            return next_fun(*args, **kwargs)
+        finally:
+            object.__setattr__(module, "conv_general_dilated", previous)
+
+    return intercept
 
 
 @contextlib.contextmanager
 def patches_convolutions() -> Iterator[None]:
     """Within the context, every ``nn.Conv`` computes as patches @ kernel."""
-    with nn.intercept_methods(_conv_interceptor):
+    with nn.intercept_methods(_interceptor(patches_conv_general_dilated)):
+        yield
+
+
+@contextlib.contextmanager
+def nhwc_grad_convolutions() -> Iterator[None]:
+    """Within the context, every ``nn.Conv`` computes with XLA's convolution and a
+    channels-last kernel gradient."""
+    with nn.intercept_methods(_interceptor(nhwc_grad_conv_general_dilated)):
+        yield
+
+
+@contextlib.contextmanager
+def convolutions(conv_impl: str | None) -> Iterator[None]:
+    """The context in which ``nn.Conv`` layers compute as ``conv_impl`` says (``xla`` or
+    ``None``: as written)."""
+    if conv_impl == "patches":
+        with patches_convolutions():
+            yield
+    elif conv_impl == "xla_nhwc":
+        with nhwc_grad_convolutions():
+            yield
+    else:
         yield
 
 

@@ -30,7 +30,7 @@ import numpy as np
 
 from fedjax_sel.data.client_data import ClientData
 from fedjax_sel.models import Model
-from fedjax_sel.models.base import with_conv_impl
+from fedjax_sel.models.base import CONV_IMPLS, with_conv_impl
 from fedjax_sel.training.local import (
     LocalConfig,
     auto_parallel,
@@ -38,7 +38,7 @@ from fedjax_sel.training.local import (
     make_trainer,
 )
 
-CACHE_VERSION = 2  # 2: candidates in a new order, measured on fewer clients when slow
+CACHE_VERSION = 3  # 2: candidates in a new order, measured on fewer clients when slow; 3: xla_nhwc
 DEFAULT_BUDGET_S = 30.0
 
 
@@ -48,7 +48,8 @@ class ParallelChoice:
 
     Attributes:
       parallel: the mode spec (``vmap``, ``map``, ``chunked:C``).
-      conv_impl: the convolution implementation (``patches``/``xla``), ``None`` without convs.
+      conv_impl: the convolution implementation (``patches``/``xla``/``xla_nhwc``), ``None``
+        without convs.
       source: ``measured``, ``cache`` or ``rule``.
       timings: candidate -> median seconds of one call of the round's local training.
       padded_step_fraction: candidate -> share of executed SGD steps that are padding for the
@@ -80,6 +81,12 @@ def cache_path() -> Path:
     return Path(root) / "parallel.json"
 
 
+# convolutions in the order they are timed after the model's own: XLA's as written last, since
+# its kernel gradient is slow inside compiled loops on a CPU (one call can use the budget)
+_CONV_ORDER = ("patches", "xla_nhwc", "xla")
+assert set(_CONV_ORDER) == set(CONV_IMPLS)
+
+
 def candidates(model: Model, per_round: int, backend: str) -> list[tuple[str, str | None]]:
     """(mode, conv impl) pairs to time, the plausible winners first: the rule's choice, the
     rule's mode with the other convolution implementations (on the CPU a convolution model's
@@ -92,7 +99,7 @@ def candidates(model: Model, per_round: int, backend: str) -> list[tuple[str, st
     convs = (
         [model.conv_impl]
         if model.conv_impl is None
-        else [model.conv_impl] + [c for c in ("patches", "xla") if c != model.conv_impl]
+        else [model.conv_impl] + [c for c in _CONV_ORDER if c != model.conv_impl]
     )
     return [(m, c) for m in modes for c in convs]  # modes[0] is the rule's
 
