@@ -113,3 +113,21 @@ def _data_dir_env(monkeypatch, tmp_path_factory):
     monkeypatch.setenv("FEDJAX_SEL_DATA_DIR", str(data_dir_path()))
     monkeypatch.setenv("FEDJAX_SEL_AUTOTUNE", "0")
     monkeypatch.setenv("FEDJAX_SEL_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+@pytest.fixture
+def check_pinned():
+    """Checks a reproduction's tiny run (its ``per_seed.json``) against values pinned as
+    ``{cell: {seed: {metric: value}}}``, within ``rel=1e-4`` (room for another x86 CPU's last
+    bits, not for a real change). CPU only: a GPU's float32 products differ in the last bits,
+    which training amplifies."""
+
+    def check(per_seed: dict, pinned: dict, rel: float = 1e-4) -> None:
+        if jax.default_backend() != "cpu":
+            return
+        for cell, seeds in pinned.items():
+            for seed, values in seeds.items():
+                got = per_seed["cells"][cell]["seeds"][str(seed)]
+                assert {m: got[m] for m in values} == pytest.approx(values, rel=rel), (cell, seed)
+
+    return check

@@ -10,7 +10,6 @@ import importlib.util
 import json
 from pathlib import Path
 
-import jax
 import numpy as np
 import pytest
 
@@ -339,7 +338,7 @@ def test_tuning_picks_the_best_grid_point_per_strategy(monkeypatch, tmp_path):
     assert lrs[("mnist", "more_available")] == lrs[("mnist", "f3ast")] == best["unbiased"]
 
 
-def test_tiny_end_to_end_verdicts_and_cache(tiny, tmp_path, capsys):
+def test_tiny_end_to_end_verdicts_and_cache(tiny, tmp_path, capsys, check_pinned):
     """The code profile's Fig. 1 Synthetic at a tiny size with CA-Fed and AdaFed on 3 paired
     seeds (given learning rates): verdicts.json has the required fields and the paired
     interval recomputed from the run folders, tables and diagnostics are written, a rerun
@@ -396,13 +395,7 @@ def test_tiny_end_to_end_verdicts_and_cache(tiny, tmp_path, capsys):
     assert results["mechanism"]["synthetic / AdaFed"]["q_sum"] == pytest.approx(1.0, rel=1e-5)
     assert set(results["fig1d"]["CA-Fed"]["cumulative_weight"]) == set(CLASS_NAMES)
     per_seed = json.loads((out / "per_seed.json").read_text())
-    # the values themselves, pinned on CPU only (a GPU's float32 products differ in the last
-    # bits, which training amplifies)
-    if jax.default_backend() == "cpu":
-        for cell, seeds in PINNED_TINY_VALUES.items():
-            for seed, pinned in seeds.items():
-                got = per_seed["cells"][cell]["seeds"][str(seed)]
-                assert {m: got[m] for m in pinned} == pytest.approx(pinned, rel=1e-4), (cell, seed)
+    check_pinned(per_seed, PINNED_TINY_VALUES)
     capsys.readouterr()
     REPRODUCTIONS.build("ca-fed", **kw)
     assert "6 of 6 cells already finished" in capsys.readouterr().out

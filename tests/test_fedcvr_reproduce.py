@@ -72,7 +72,7 @@ def tiny_scale(t1_rounds: int) -> repro.Scale:
     )
 
 
-def test_tiny_reproduction_verdicts_and_changed_rounds_rerun(tmp_path, monkeypatch):
+def test_tiny_reproduction_verdicts_and_changed_rounds_rerun(tmp_path, monkeypatch, check_pinned):
     assert "fedcvr-bolt" in REPRODUCTIONS
     rng = np.random.default_rng(0)
     np.savez(
@@ -132,13 +132,7 @@ def test_tiny_reproduction_verdicts_and_changed_rounds_rerun(tmp_path, monkeypat
     assert "57.06" in tables and "not run" in tables and "`code` profile is the `paper`" in tables
 
     per_seed = json.loads((out / "per_seed.json").read_text())
-    # the values themselves, pinned on CPU only (a GPU's float32 products differ in the last
-    # bits, which training amplifies)
-    if jax.default_backend() == "cpu":
-        for cell, seeds in PINNED_TINY_VALUES.items():
-            for seed, pinned in seeds.items():
-                got = per_seed["cells"][cell]["seeds"][str(seed)]
-                assert {m: got[m] for m in pinned} == pytest.approx(pinned, rel=1e-4), (cell, seed)
+    check_pinned(per_seed, PINNED_TINY_VALUES)
 
     # a changed configuration (rounds) is recomputed, not reused; an unchanged one is reused
     mse0, folder = final_mse("FedAvg", 0)

@@ -196,7 +196,7 @@ def test_table3_claims_are_section_v_d_comparisons():
     assert all(c.note == "ours 25 rounds, the paper's 50" for c in short)
 
 
-def test_tiny_end_to_end_verdicts_and_cache(tiny, capsys):
+def test_tiny_end_to_end_verdicts_and_cache(tiny, capsys, check_pinned):
     """Table II at a tiny size with 3 paired seeds: verdicts.json has the required fields for
     every claim, the table sits beside the paper's numbers, a verdict's interval is the
     paired one recomputed from the run folders, a rerun reuses every finished cell, and a
@@ -258,13 +258,7 @@ def test_tiny_end_to_end_verdicts_and_cache(tiny, capsys):
         head = {k: r[k] for k in ("paper", "claim", "profile", "size", "setting")}
         again = claim_row(per_seed["cells"], claim_of_row(r), r["arms"], head)
         assert {**again, "note": ""} == {**r, "note": ""}  # the note is the claim's
-    # the values themselves, pinned on CPU only (a GPU's float32 products differ in the last
-    # bits, which training amplifies)
-    if jax.default_backend() == "cpu":
-        for cell, seeds in PINNED_TINY_VALUES.items():
-            for seed, pinned in seeds.items():
-                got = per_seed["cells"][cell]["seeds"][str(seed)]
-                assert {m: got[m] for m in pinned} == pytest.approx(pinned, rel=1e-4), (cell, seed)
+    check_pinned(per_seed, PINNED_TINY_VALUES)
     capsys.readouterr()
     # rerun: every cell is reused, and run_info.json keeps the first run under earlier_runs
     run_reproduction(
