@@ -19,30 +19,19 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_sel.bench.common import machine_info, print_table, write_json_rows
+from fedjax_sel.bench.common import machine_info, print_table, time_call, write_json_rows
 from fedjax_sel.models.conv import convolutions
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from user_cnn import UserCNN  # noqa: E402
 
 IMPLS = ("xla", "xla_nhwc", "patches")
-
-
-def _timed(fn, repeats: int) -> float:
-    jax.block_until_ready(fn())
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        jax.block_until_ready(fn())
-        best = min(best, time.perf_counter() - t)
-    return best
 
 
 def measure(steps: int = 20, batch: int = 10, repeats: int = 5) -> list[dict]:
@@ -76,7 +65,7 @@ def measure(steps: int = 20, batch: int = 10, repeats: int = 5) -> list[dict]:
             )[0]
         )
         for where, fn in (("loop", loop), ("scan", lambda s=scanned: s(params, xs, ys))):
-            seconds = _timed(fn, repeats)
+            seconds = time_call(fn, repeats=repeats)["min_seconds"]
             finals[(impl, where)] = fn()
             rows.append({"conv_impl": impl, "where": where, "ms_per_step": 1e3 * seconds / steps})
     reference = finals[("xla", "loop")]

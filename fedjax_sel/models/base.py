@@ -127,7 +127,7 @@ def from_linen(
     ``conv_impl``: how the module's ``nn.Conv`` layers compute inside the simulator: as
     ``patches`` @ kernel (fast vmapped over clients and inside compiled loops; equal to
     ``lax.conv`` up to float rounding), with ``xla``'s convolution as written, or ``xla_nhwc``:
-    XLA's convolution with the kernel gradient written channels-last (fast inside compiled
+    XLA's convolution with both gradients written channels-last (fast inside compiled
     loops on a CPU; :mod:`fedjax_sel.models.conv`). The module is unchanged.
     """
     if task not in ("classification", "regression"):

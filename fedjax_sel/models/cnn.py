@@ -36,7 +36,7 @@ def cnn(
 ) -> Model:
     """Args: conv_impl: ``patches`` (im2col + matmul; vmaps into batched GEMMs and stays fast
     inside compiled loops on XLA:CPU), ``xla`` (``lax.conv``) or ``xla_nhwc`` (``lax.conv``
-    with a channels-last kernel gradient, fast inside compiled loops on XLA:CPU); all compute
+    with channels-last gradients, fast inside compiled loops on XLA:CPU); all compute
     the same function (:mod:`fedjax_sel.models.conv`)."""
     check_image_input("cnn", input_shape)
     return from_linen(

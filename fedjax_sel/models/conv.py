@@ -7,13 +7,15 @@ ways around it, each an ``nn.Conv`` interceptor:
 
 * ``patches``: shifted slices (the patches) and one matmul; per-client kernels become batched
   GEMMs, which stay fast in both places (:func:`patches_conv_general_dilated`).
-* ``xla_nhwc``: XLA's own convolution, with the kernel gradient written out as a channels-last
-  convolution (:func:`nhwc_grad_conv_general_dilated`). The loop's slowness is that one
-  gradient: jax expresses it as a convolution whose batch and feature dimensions are swapped,
-  which XLA:CPU runs through its library kernel at the top level of a program but as a naive
-  loop nest inside a ``while`` body (40 times slower for a 3x3, 32 -> 64 layer on the 2-core
-  CPU). Transposed to channels-last first, the same sums run through the library kernel
-  everywhere. Clients run one after another (``map``) then train at the loop's speed.
+* ``xla_nhwc``: XLA's own convolution, with both gradients written out as channels-last
+  convolutions (:func:`nhwc_grad_conv_general_dilated`). The loop's slowness is in the
+  gradients: jax expresses the kernel gradient as a convolution whose batch and feature
+  dimensions are swapped, and the input gradient with the kernel's in/out features swapped,
+  both in the dimension numbers; XLA:CPU runs them through its library kernel at the top level
+  of a program but as a naive loop nest inside a ``while`` body
+  (``benchmarks/conv_in_loops.py``). With the transposes and the kernel flip done on the arrays,
+  the same sums run through the library kernel everywhere, and clients run one after another
+  (``map``) at the loop's speed.
 
 :func:`patches_conv_general_dilated` has ``lax.conv_general_dilated``'s signature for the
 channels-last layouts flax uses; :func:`patches_convolutions` is a flax method interceptor that
@@ -228,22 +230,18 @@ def nhwc_grad_conv_general_dilated(
     precision=None,
     preferred_element_type=None,
 ) -> Array:
-    """``lax.conv_general_dilated`` with its kernel gradient computed as a channels-last
-    convolution (the module docstring says why). Same values as XLA's own gradient; what it
+    """``lax.conv_general_dilated`` with both gradients computed as channels-last
+    convolutions (the module docstring says why). Same values as XLA's own gradients; what it
     does not cover (input dilation, feature or batch groups, other layouts, a preferred
     output type) is left to ``lax.conv_general_dilated`` unchanged."""
     n = lhs.ndim - 2
-    spec = tuple(getattr(dimension_numbers, "lhs_spec", ()) or ())
     plain = (
         (lhs_dilation is None or all(d == 1 for d in lhs_dilation))
         and feature_group_count == 1
         and batch_group_count == 1
         and preferred_element_type is None
-        and (not spec or spec == _channels_last(n).lhs_spec)
-        and (
-            dimension_numbers is None
-            or tuple(dimension_numbers.rhs_spec) == _channels_last(n).rhs_spec
-        )
+        # None, layout strings or ConvDimensionNumbers, compared in one form
+        and lax.conv_dimension_numbers(lhs.shape, rhs.shape, dimension_numbers) == _channels_last(n)
     )
     if not plain:
         return lax.conv_general_dilated(
@@ -284,33 +282,34 @@ def _interceptor(conv_general_dilated):
     return intercept
 
 
-@contextlib.contextmanager
-def patches_convolutions() -> Iterator[None]:
-    """Within the context, every ``nn.Conv`` computes as patches @ kernel."""
-    with nn.intercept_methods(_interceptor(patches_conv_general_dilated)):
-        yield
-
-
-@contextlib.contextmanager
-def nhwc_grad_convolutions() -> Iterator[None]:
-    """Within the context, every ``nn.Conv`` computes with XLA's convolution and a
-    channels-last kernel gradient."""
-    with nn.intercept_methods(_interceptor(nhwc_grad_conv_general_dilated)):
-        yield
+# the convolution each intercepted implementation swaps in (``xla``: none, as written)
+_INTERCEPTED = {
+    "patches": patches_conv_general_dilated,
+    "xla_nhwc": nhwc_grad_conv_general_dilated,
+}
 
 
 @contextlib.contextmanager
 def convolutions(conv_impl: str | None) -> Iterator[None]:
     """The context in which ``nn.Conv`` layers compute as ``conv_impl`` says (``xla`` or
     ``None``: as written)."""
-    if conv_impl == "patches":
-        with patches_convolutions():
-            yield
-    elif conv_impl == "xla_nhwc":
-        with nhwc_grad_convolutions():
-            yield
-    else:
+    conv = _INTERCEPTED.get(conv_impl)
+    if conv is None:
         yield
+        return
+    with nn.intercept_methods(_interceptor(conv)):
+        yield
+
+
+def patches_convolutions() -> contextlib.AbstractContextManager[None]:
+    """Within the context, every ``nn.Conv`` computes as patches @ kernel."""
+    return convolutions("patches")
+
+
+def nhwc_grad_convolutions() -> contextlib.AbstractContextManager[None]:
+    """Within the context, every ``nn.Conv`` computes with XLA's convolution and channels-last
+    gradients."""
+    return convolutions("xla_nhwc")
 
 
 def count_convolutions(module: nn.Module, x: Array) -> int:
