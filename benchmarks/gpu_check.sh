@@ -10,6 +10,10 @@
 #   4. the test suite on the GPU, as far as its limit allows (one line per test in the log);
 #   5. bench scale for the strategies with all-client work (CA-Fed, HeteRo-Select), as far as
 #      the lease allows.
+# GPU_CHECK_STEPS picks and orders the steps (default: "info scale_uniform throughput tests
+# scale_all_client"); two more: kernel_ca_fed (CA-Fed's greedy get() at K clients) and
+# scale_ca_fed. GPU_CHECK_DATA: a folder of the real data files for the tests
+# (FEDJAX_SEL_DATA_DIR; without it the data tests skip).
 # Run from the repository root with the image's jax on PYTHONPATH:
 #   OUT=/tmp/out bash benchmarks/gpu_check.sh
 # GPU_CHECK_CLIENTS / GPU_CHECK_PER_ROUND / GPU_CHECK_SCALE_S / GPU_CHECK_TP_S / GPU_CHECK_TESTS_S
@@ -23,6 +27,7 @@ P=${GPU_CHECK_PER_ROUND:-10000}
 SCALE_S=${GPU_CHECK_SCALE_S:-120}
 TP_S=${GPU_CHECK_TP_S:-70}
 TESTS_S=${GPU_CHECK_TESTS_S:-150}
+STEPS=${GPU_CHECK_STEPS:-info scale_uniform throughput tests scale_all_client}
 mkdir -p "$RES" "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
@@ -47,15 +52,30 @@ throughput() {  # throughput MODEL PER_ROUND PRECISION
         --local-steps 10 --batch-size 32 --out "$RES/tp_$1_$3.json"
 }
 
-step 60 env bash -c "nvidia-smi; $PY -c 'import jax, flax, optax, chex; print(jax.__version__, \
-flax.__version__, optax.__version__, chex.__version__, jax.devices())'"
-scale uniform uniform
-throughput mlp 1000 default
-throughput cnn 100 default
-throughput mlp 1000 bfloat16
-throughput cnn 100 bfloat16
-step "$TESTS_S" tests "$PY" -m pytest -v -n 12 --dist loadfile -p no:cacheprovider \
-    --timeout 120 tests
-scale ca_fed ca_fed
-scale hetero_select hetero_select
+run_step() {
+    case $1 in
+    info) step 60 info bash -c "nvidia-smi; $PY -c 'import jax, flax, optax, chex; \
+print(jax.__version__, flax.__version__, optax.__version__, chex.__version__, jax.devices())'" ;;
+    scale_uniform) scale uniform uniform ;;
+    throughput)
+        throughput mlp 1000 default
+        throughput cnn 100 default
+        throughput mlp 1000 bfloat16
+        throughput cnn 100 bfloat16 ;;
+    tests)  # one line per test (-v) and each traceback straight into $OUT as it fails, so a
+        # run cut short still names its failures and says why
+        step "$TESTS_S" tests env ${GPU_CHECK_DATA:+FEDJAX_SEL_DATA_DIR="$GPU_CHECK_DATA"} \
+            FEDJAX_SEL_FAILURE_LOG="$OUT/test_failures.log" \
+            "$PY" -m pytest -v -rfEs -n "${GPU_CHECK_WORKERS:-12}" --dist loadfile \
+            -p no:cacheprovider --timeout 300 --junitxml "$RES/tests.xml" tests ;;
+    kernel_ca_fed) step 90 kernel_ca_fed "$PY" -m fedjax_sel.cli bench kernels \
+        --kernel ca_fed_get --clients "$K" --out "$RES/kernel_ca_fed.json" ;;
+    scale_ca_fed) scale ca_fed ca_fed ;;
+    scale_all_client)
+        scale ca_fed ca_fed
+        scale hetero_select hetero_select ;;
+    *) echo "unknown step $1" >&2; exit 2 ;;
+    esac
+}
+for s in $STEPS; do run_step "$s"; done
 echo "== done at +$(($(date +%s) - START)) s"

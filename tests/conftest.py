@@ -75,6 +75,16 @@ def pytest_unconfigure(config):
         shutil.rmtree(_JAX_CACHE, ignore_errors=True)
 
 
+def pytest_runtest_logreport(report):
+    """With ``FEDJAX_SEL_FAILURE_LOG`` set, each failure's traceback is appended to that file as
+    it happens (by the controlling process only), so a run stopped before pytest's summary
+    (a lease's time limit, say: benchmarks/gpu_check.sh) still says why each test failed."""
+    path = os.environ.get("FEDJAX_SEL_FAILURE_LOG")
+    if path and report.failed and not os.environ.get("PYTEST_XDIST_WORKER"):
+        with open(path, "a") as f:
+            f.write(f"=== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")
+
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA_DIR = (ROOT / ".." / "shared" / "data").resolve()
 

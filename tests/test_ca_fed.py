@@ -150,9 +150,10 @@ def test_unrolled_scan_gives_the_same_exclusions():
     rng = np.random.default_rng(6)
     alpha, gap, pi, lam, kappa2, tau = random_case(rng, 1)
     args = [jnp.asarray(a, jnp.float32) for a in (alpha, gap, pi, lam)]
-    plain, _ = ca_fed_exclusions(*args, kappa2=kappa2, tau=tau)
-    unrolled, _ = ca_fed_exclusions(*args, kappa2=kappa2, tau=tau, unroll=8)
-    np.testing.assert_array_equal(np.asarray(plain), np.asarray(unrolled))
+    plain, _ = ca_fed_exclusions(*args, kappa2=kappa2, tau=tau, unroll=1)
+    for unroll in (8, 32, None):  # None: the backend's default (32 on a GPU)
+        unrolled, _ = ca_fed_exclusions(*args, kappa2=kappa2, tau=tau, unroll=unroll)
+        np.testing.assert_array_equal(np.asarray(plain), np.asarray(unrolled))
 
 
 def test_single_pass_with_ties_and_a_partial_kept_set():

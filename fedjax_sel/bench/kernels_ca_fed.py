@@ -39,9 +39,7 @@ def _availability_estimate(k: int):
 
 
 def _get_both_passes(alpha, gap, pi_hat, lam_hat, kappa2):
-    # a GPU pays a launch per scan iteration: unroll there (on a CPU unrolling is slower)
-    unroll = 1 if jax.default_backend() == "cpu" else 32
-    return ca_fed_exclusions(alpha, gap, pi_hat, lam_hat, kappa2=kappa2, unroll=unroll)
+    return ca_fed_exclusions(alpha, gap, pi_hat, lam_hat, kappa2=kappa2)
 
 
 @register_kernel(

@@ -62,6 +62,13 @@ def descending_order(key: Array) -> Array:
     return jax.lax.sort((~ascending, iota), num_keys=1, is_stable=True)[1]
 
 
+def default_unroll() -> int:
+    """Greedy steps per scan iteration for the backend jax runs on: 1 on a CPU (unrolling is
+    slower there), 32 elsewhere, where each of the ``K`` iterations would cost a kernel launch
+    (on a GPU, ``K = 10^6`` at ``unroll=1`` spends seconds per pass in launches alone)."""
+    return 1 if jax.default_backend() == "cpu" else 32
+
+
 def _kahan_sub(total: Array, comp: Array, x: Array) -> tuple[Array, Array]:
     """``total - x`` with Kahan compensation ``comp`` (the running rounding error)."""
     y = -x - comp
@@ -78,7 +85,7 @@ def ca_fed_get(
     *,
     kappa2: float | Array = 1.0,
     tau: float | Array = 0.0,
-    unroll: int = 1,
+    unroll: int | None = None,
 ) -> Array:
     """One pass of Algorithm 1's ``get()`` (lines 13-22): the clients still kept afterwards.
 
@@ -91,7 +98,8 @@ def ca_fed_get(
       kappa2: ``kappa_bar^2``, the weight of the bias term.
       tau: threshold ``tau >= 0`` of line 19.
       unroll: greedy steps per iteration of the scan's loop (``lax.scan(unroll=)``): fewer
-        loop iterations, which matters on GPUs where each costs a launch.
+        loop iterations, which matters on GPUs where each costs a launch. ``None``:
+        :func:`default_unroll` for the backend. The exclusions do not depend on it.
 
     Returns:
       bool[K], ``q_k > 0`` after the pass.
@@ -129,6 +137,8 @@ def ca_fed_get(
         return carry, kept_k & ~accept
 
     init = (s0, zero, b0, zero, jnp.sum(k.astype(jnp.int32)))
+    if unroll is None:
+        unroll = default_unroll()
     _, kept_sorted = jax.lax.scan(step, init, (a, g, k), unroll=unroll)
     return jnp.zeros_like(kept).at[order].set(kept_sorted, unique_indices=True)
 
@@ -144,7 +154,7 @@ def ca_fed_exclusions(
     tau: float | Array = 0.0,
     lambda_order: str = "signed",
     eligible: Array | None = None,
-    unroll: int = 1,
+    unroll: int | None = None,
 ) -> tuple[Array, Array]:
     """Algorithm 1, lines 5-7: start from every client kept (``q = alpha / pi_hat``), run
     ``get()`` by descending ``lambda_hat`` (``lambda_order="abs"``: by descending
