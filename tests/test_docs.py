@@ -202,6 +202,46 @@ def test_every_committed_verdict_follows_from_its_own_interval():
     assert checked >= 100
 
 
+def _paired_comparisons_with_per_seed():
+    reproduce = ROOT / "benchmarks" / "results" / "reproduce"
+    for path in sorted(reproduce.glob("*/*/paired_vs_*/**/comparison.json")):
+        folder = path.relative_to(reproduce).parts[:2]
+        per_seed = reproduce.joinpath(*folder, "per_seed.json")
+        if per_seed.is_file():
+            yield pytest.param(path, per_seed, id=path.relative_to(reproduce).as_posix())
+
+
+@pytest.mark.parametrize("path, per_seed", list(_paired_comparisons_with_per_seed()))
+def test_paired_comparisons_are_recomputed_from_the_per_seed_files(path, per_seed):
+    """A reproduction's ``paired_vs_*/comparison.json`` (``fedjax-sel compare`` over its run
+    folders) is what ``compare`` gives on the committed per-seed values alone: every mean,
+    interval, paired difference, bootstrap interval, p-value and win rate, bit for bit."""
+    from fedjax_sel.experiment.compare import Run, compare
+    from fedjax_sel.experiment.sweep import _slug
+
+    committed = json.loads(path.read_text())
+    cells = json.loads(per_seed.read_text())["cells"]
+    runs = []
+    for setting, label in dict.fromkeys((r["setting"], r["strategy"]) for r in committed):
+        key = f"{_slug(setting)}/{_slug(label)}"
+        assert key in cells, f"{path}: no per-seed cell {key}"
+        for seed, values in cells[key]["seeds"].items():
+            records = [  # accuracy@R is read from the evaluation records
+                {"round": int(m.split("@")[1]), "test_accuracy": v}
+                for m, v in values.items()
+                if m.startswith("accuracy@")
+            ]
+            runs.append(Run(Path(key), label, setting, int(seed), values, records))
+    again = compare(
+        runs=runs,
+        baseline=committed[0]["baseline"],
+        metrics=list(dict.fromkeys(r["metric"] for r in committed)),
+        percent=any(r["unit"] == "percent" for r in committed),
+        echo=None,
+    )
+    assert again == committed
+
+
 @pytest.mark.parametrize(
     "doc, files, body",
     list(_number_blocks()),
