@@ -203,6 +203,43 @@ def test_warm_start_table_and_pretrained_slots():
     )
 
 
+def test_warm_start_in_chunks_equals_all_at_once():
+    """``warm_chunk`` below K (11 clients in chunks of 4, the last one padded): the warm-start
+    round records the same table, picks the same clients and hands the round the same trained
+    parameters as training everyone at once; so does every later round."""
+
+    def rounds(warm_chunk):
+        ds = load_dataset("digits", num_clients=11, seed=1, test_fraction=0.2)
+        sim = Simulation(
+            ds,
+            make_model("logreg", input_shape=ds.input_shape, num_classes=10),
+            make_strategy("divfl", 3, warm_chunk=warm_chunk),
+            local=LocalConfig(lr=0.1, local_steps=2),
+            per_round=3,
+            num_rounds=3,
+            availability=bernoulli(0.7),
+            parallel="vmap",
+            chunk_size=3,
+        )
+        state, log = sim.run_rounds(sim.init(seed=2), 3)
+        return state, log
+
+    chunked, log_chunked = rounds(4)
+    whole, log_whole = rounds(0)
+    assert np.asarray(log_whole.clients).shape == (3, 3) and np.all(log_whole.mask)
+    np.testing.assert_array_equal(log_chunked.clients, log_whole.clients)
+    np.testing.assert_array_equal(log_chunked.mask, log_whole.mask)
+    np.testing.assert_allclose(log_chunked.train_loss, log_whole.train_loss, rtol=1e-6)
+    np.testing.assert_array_equal(chunked.strategy_state.known, whole.strategy_state.known)
+    np.testing.assert_allclose(
+        chunked.strategy_state.updates, whole.strategy_state.updates, atol=1e-6
+    )
+    for a, b in zip(jax.tree.leaves(chunked.params), jax.tree.leaves(whole.params), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    with pytest.raises(ConfigError, match="warm_chunk must be >= 0, got -1"):
+        make_strategy("divfl", 3, warm_chunk=-1)
+
+
 def test_pool_approximates_the_full_greedy_on_planted_clusters():
     """The large-K path (``pool``): on 600 clients in 8 planted clusters of directions, a pool
     of 150 per round picks 8 clients whose facility-location cost over all 600 is within 5% of
