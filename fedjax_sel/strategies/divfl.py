@@ -23,8 +23,9 @@ real directions (that round's selected clients reuse those results; nobody train
 otherwise an unknown direction is the zero vector. Above ``warm_chunk`` clients the warm-start
 round trains them ``warm_chunk`` at a time and keeps only each one's row of the table, then
 trains the picked clients again with the same per-client randomness (``fold_in(key, client)``:
-the same local training, so nobody's result changes): memory ``O(warm_chunk |theta|)`` instead of
-``O(K |theta|)`` (2.4 GB of updates for 10^6 logistic regressions, twice).
+the same local training, equal up to float rounding, which may differ with the batch shape):
+memory ``O(warm_chunk |theta|)`` instead of ``O(K |theta|)`` (2.4 GB of updates for 10^6
+logistic regressions, twice).
 
 The greedy costs ``O(per_round |U| |candidates|)`` and the distances ``O(|U| |candidates|)``
 memory: 400 MB at 10^4 clients, out of reach at 10^5. ``pool = n`` (ours, for 10^5-10^6
