@@ -146,21 +146,26 @@ def test_sketch_coordinates_and_config_errors():
         make_strategy("divfl", 2, sketch_dim=-1)
 
 
-def test_warm_start_table_and_pretrained_slots():
-    k_count = 8
-    ds = load_dataset("digits", num_clients=k_count, seed=0, test_fraction=0.2)
-    model = make_model("logreg", input_shape=ds.input_shape, num_classes=10)
-    sim = Simulation(
+def divfl_digits(k_count, *, data_seed, num_rounds, chunk_size, **strategy_args):
+    """DivFL (3 per round) on ``k_count`` digits clients, logistic regression, 2 local steps,
+    Bernoulli(0.7) availability."""
+    ds = load_dataset("digits", num_clients=k_count, seed=data_seed, test_fraction=0.2)
+    return Simulation(
         ds,
-        model,
-        make_strategy("divfl", 3),
+        make_model("logreg", input_shape=ds.input_shape, num_classes=10),
+        make_strategy("divfl", 3, **strategy_args),
         local=LocalConfig(lr=0.1, local_steps=2),
         per_round=3,
-        num_rounds=4,
+        num_rounds=num_rounds,
         availability=bernoulli(0.7),
         parallel="vmap",
-        chunk_size=1,
+        chunk_size=chunk_size,
     )
+
+
+def test_warm_start_table_and_pretrained_slots():
+    k_count = 8
+    sim = divfl_digits(k_count, data_seed=0, num_rounds=4, chunk_size=1)
     state = sim.init(seed=0)
 
     @jax.jit
@@ -209,20 +214,8 @@ def test_warm_start_in_chunks_equals_all_at_once():
     parameters as training everyone at once; so does every later round."""
 
     def rounds(warm_chunk):
-        ds = load_dataset("digits", num_clients=11, seed=1, test_fraction=0.2)
-        sim = Simulation(
-            ds,
-            make_model("logreg", input_shape=ds.input_shape, num_classes=10),
-            make_strategy("divfl", 3, warm_chunk=warm_chunk),
-            local=LocalConfig(lr=0.1, local_steps=2),
-            per_round=3,
-            num_rounds=3,
-            availability=bernoulli(0.7),
-            parallel="vmap",
-            chunk_size=3,
-        )
-        state, log = sim.run_rounds(sim.init(seed=2), 3)
-        return state, log
+        sim = divfl_digits(11, data_seed=1, num_rounds=3, chunk_size=3, warm_chunk=warm_chunk)
+        return sim.run_rounds(sim.init(seed=2), 3)
 
     chunked, log_chunked = rounds(4)
     whole, log_whole = rounds(0)
