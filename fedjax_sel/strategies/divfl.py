@@ -203,13 +203,16 @@ def divfl(
         weights = fedavg_weights(inputs.num_examples, clients, mask, weighting)
         return Selection(clients, mask, weights, diagnostics=coverage(dist, covered, picks, mask))
 
+    def deltas_from(trained, params):  # stacked local results minus the global start
+        return jax.tree.map(lambda p, g: p - g[None], trained.params, params)
+
     def warm(state: DivFLState, inputs: RoundInputs, oracle, key):
         k_count = state.known.shape[0]
         if 0 < warm_chunk < k_count:
             return warm_in_chunks(state, inputs, oracle, key)
         everyone = jnp.arange(k_count, dtype=jnp.int32)
         trained = oracle.train(inputs.params, everyone, oracle.train_key, inputs.available)
-        deltas = jax.tree.map(lambda p, g: p - g[None], trained.params, inputs.params)
+        deltas = deltas_from(trained, inputs.params)
         state = record(state, everyone, inputs.available, deltas)
         sel = pick(state, inputs, key)
         on = sel.mask
@@ -225,11 +228,11 @@ def divfl(
 
         def chunk(i, state):
             ids = i * warm_chunk + jnp.arange(warm_chunk, dtype=jnp.int32)
-            active = (ids < k_count) & inputs.available[jnp.minimum(ids, k_count - 1)]
-            ids = jnp.where(ids < k_count, ids, 0)  # padding of the last chunk: inactive
+            real = ids < k_count  # the last chunk's padding slots are inactive
+            ids = jnp.where(real, ids, 0)
+            active = real & inputs.available[ids]
             trained = oracle.train(inputs.params, ids, oracle.train_key, active)
-            deltas = jax.tree.map(lambda p, g: p - g[None], trained.params, inputs.params)
-            return record(state, ids, active, deltas)
+            return record(state, ids, active, deltas_from(trained, inputs.params))
 
         state = jax.lax.fori_loop(0, -(-k_count // warm_chunk), chunk, state)
         sel = pick(state, inputs, key)
