@@ -265,6 +265,62 @@ def test_every_measured_number_comes_from_a_committed_json(doc, files, body):
     assert not unbacked, f"{doc.name}: numbers not in {files}: {unbacked[:20]}"
 
 
+_INTERVAL = re.compile(r"([-+\u2212]?\d+\.(\d+)) \[([-+\u2212]?\d+\.\d+), ([-+\u2212]?\d+\.\d+)\]")
+_VERDICT_WORD = re.compile(
+    r"\**(not reproduced|not evidence|smaller effect|larger effect|reproduced|inconclusive)\b"
+)
+
+
+def _verdict_cells():
+    """Every table cell of a numbers block that cites a ``verdicts.json`` and names a verdict,
+    with the paired interval of the nearest cell before it: (doc, line, interval, word, rows)."""
+    for doc, files, body in _number_blocks():
+        rows = [r for f in files if f.endswith("verdicts.json")
+                for r in json.loads((ROOT / f).read_text())]  # fmt: skip
+        if not rows:
+            continue
+        for line in body.splitlines():
+            if not line.startswith("|"):
+                continue
+            interval = None
+            for cell in line.strip("|").split("|"):
+                words = _VERDICT_WORD.match(cell.strip())
+                if words and interval is not None:
+                    yield doc, line, interval, words.group(1).replace(" ", "_"), rows
+                    interval = None
+                found = _INTERVAL.findall(cell)
+                if found:
+                    interval = found[-1]
+
+
+def _same_interval(interval, row) -> bool:
+    mean, frac, low, high = interval
+    if row.get("diff_mean") is None or row.get("diff_ci_low") is None:
+        return False
+    shown = [float(x.replace("\u2212", "-")) for x in (mean, low, high)]
+    got = [row["diff_mean"], row["diff_ci_low"], row["diff_ci_high"]]
+    digits = len(frac)
+    return all(f"{a:.{digits}f}" == f"{b:.{digits}f}" for a, b in zip(shown, got, strict=True))
+
+
+def test_every_verdict_word_in_a_docs_table_is_the_committed_verdict():
+    """A hand-written table row that prints a paired interval and a verdict says the verdict
+    that the cited ``verdicts.json`` holds for that interval (a row whose interval no cited
+    verdict row has is an error too: the table cites the wrong file)."""
+    checked, wrong = 0, []
+    for doc, line, interval, word, rows in _verdict_cells():
+        matches = [r for r in rows if _same_interval(interval, r)]
+        if not matches:
+            wrong.append(f"{doc.name}: no cited verdict row has {interval[0]} [{interval[2]}, "
+                         f"{interval[3]}]: {line[:120]}")  # fmt: skip
+        elif word not in {r["verdict"] for r in matches}:
+            have = sorted({r["verdict"] for r in matches})
+            wrong.append(f"{doc.name}: says {word}, the committed verdict is {have}: {line[:120]}")
+        checked += 1
+    assert not wrong, "\n".join(wrong)
+    assert checked >= 40, checked
+
+
 # ----------------------------------------------------------------------------- examples
 def _examples():
     for doc in DOCS:
