@@ -301,6 +301,16 @@ def test_adjusted_rand_index_matches_pair_counting():
     assert float(adjusted_rand_index(jnp.asarray(a), jnp.asarray(perm[a]), 3, 3)) == 1.0
 
 
+def test_contingency_counts_equal_numpy():
+    from fedjax_sel.kernels.kmeans import contingency
+
+    rng = np.random.default_rng(8)
+    a, b = rng.integers(0, 5, 2000), rng.integers(0, 3, 2000)
+    want, _, _ = np.histogram2d(a, b, bins=(np.arange(6) - 0.5, np.arange(4) - 0.5))
+    got = np.asarray(contingency(jnp.asarray(a), jnp.asarray(b), 5, 3))
+    np.testing.assert_array_equal(got, want)
+
+
 # ---------------------------------------------------------------- value vector (eqs. 5, 6, 11)
 
 

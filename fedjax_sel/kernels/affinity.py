@@ -58,7 +58,9 @@ def squared_distances(x: Array, y: Array) -> Array:
     """``||x_i - y_j||^2`` (float32[n, m]) through one matrix product, clamped at 0."""
     xx = jnp.sum(jnp.square(x), axis=1)
     yy = jnp.sum(jnp.square(y), axis=1)
-    d2 = xx[:, None] + yy[None, :] - 2.0 * jnp.matmul(x, y.T, precision=_precision())
+    # -2 scales the small operand (exact: a power of two), not the n x m product, which
+    # XLA:CPU would otherwise feed a materialised n x m broadcast of the constant
+    d2 = xx[:, None] + yy[None, :] + jnp.matmul(x, -2.0 * y.T, precision=_precision())
     return jnp.maximum(d2, 0.0)
 
 

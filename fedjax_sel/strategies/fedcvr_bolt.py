@@ -206,8 +206,9 @@ def bolt_diagnostics(
         "in_warmup": in_warmup.astype(jnp.float32),
     }
     if dominant is not None:
-        member = jax.nn.one_hot(labels, per_round, dtype=jnp.float32)
-        out["ari_dominant_label"] = contingency_ari(member.T @ dominant.astype(jnp.float32))
+        # coalition x label counts by a segment sum: no K x P one-hot
+        table = jax.ops.segment_sum(dominant.astype(jnp.float32), labels, per_round)
+        out["ari_dominant_label"] = contingency_ari(table)
     return out
 
 
