@@ -278,6 +278,42 @@ def test_kmeans_fitted_on_a_sample_stays_close_to_the_full_fit():
         kmeans(jax.random.key(0), jnp.asarray(x), 12, sample=5)
 
 
+def test_kmeans_in_blocks_equals_one_pass(monkeypatch):
+    """Above ``BLOCK_ELEMENTS`` point-center pairs the assignment runs over blocks of rows (the
+    last block overlapping the one before it) and the recentering sums by segment: the same
+    labels as one pass, the same distances and centers up to float rounding. Planted: 1,003
+    points in 7 clusters, blocks of 100 rows (11 blocks, the last one starting at row 903)."""
+    from fedjax_sel.kernels import kmeans as kmeans_lib
+
+    rng = np.random.default_rng(5)
+    truth = rng.integers(0, 7, 1003)
+    x = 4.0 * rng.normal(size=(7, 5))[truth] + rng.normal(size=(1003, 5))
+    x = jnp.asarray(x, jnp.float32)
+    centers = x[:7] + 0.5
+    one_labels, one_near = kmeans_lib._assign(x, centers)
+    one_centers = kmeans_lib._recenter(x, one_labels, one_near, 7)
+    monkeypatch.setattr(kmeans_lib, "BLOCK_ELEMENTS", 7 * 100)
+    assert kmeans_lib._block_rows(1003, 7) == 100
+    labels, near = kmeans_lib._assign(x, centers)
+    np.testing.assert_array_equal(np.asarray(labels), np.asarray(one_labels))
+    np.testing.assert_allclose(np.asarray(near), np.asarray(one_near), rtol=1e-5, atol=1e-5)
+    blocked = np.asarray(kmeans_lib._recenter(x, labels, near, 7))
+    np.testing.assert_allclose(blocked, np.asarray(one_centers), rtol=1e-5, atol=1e-6)
+    # NumPy: each point's nearest center, each center its members' mean
+    xs = np.asarray(x)
+    d2 = ((xs[:, None] - np.asarray(centers)[None]) ** 2).sum(-1)
+    np.testing.assert_array_equal(np.asarray(labels), d2.argmin(1))
+    for c in range(7):
+        want = xs[np.asarray(labels) == c].mean(0)
+        np.testing.assert_allclose(blocked[c], want, rtol=1e-5, atol=1e-5)
+    # an empty cluster is still moved onto one of the points in the blocked path
+    far = jnp.concatenate([centers[:6], jnp.full((1, 5), 1e3, jnp.float32)])
+    lab, nr = kmeans_lib._assign(x, far)
+    moved = kmeans_lib._recenter(x, lab, nr, 7)
+    assert int(jnp.sum(lab == 6)) == 0
+    assert bool(jnp.any(jnp.all(moved[6][None] == x, axis=1)))
+
+
 def test_coalition_config_samples_kmeans_only_on_the_landmark_path_by_default():
     auto = CoalitionConfig()
     assert auto.kmeans_rows(1_000, 10) == 0  # exact path: every client

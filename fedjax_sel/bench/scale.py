@@ -157,16 +157,16 @@ def measure_one(
     )
     state = sim.init(0)
     t0 = time.perf_counter()
-    state, _ = jax.block_until_ready(sim.run_rounds(state, 1))
+    state, _ = jax.block_until_ready(sim.run_rounds(state, 1, donate=True))
     compile_seconds = time.perf_counter() - t0
     fused = []
     for _ in range(rounds):
         t0 = time.perf_counter()
-        state, _ = jax.block_until_ready(sim.run_rounds(state, 1))
+        state, _ = jax.block_until_ready(sim.run_rounds(state, 1, donate=True))
         fused.append(time.perf_counter() - t0)
     # phases, each compiled on its own (a warm-up call first)
-    state, _, _ = sim.run_rounds_profiled(state, 1)
-    state, _, phases = sim.run_rounds_profiled(state, rounds)
+    state, _, _ = sim.run_rounds_profiled(state, 1, donate=True)
+    state, _, phases = sim.run_rounds_profiled(state, rounds, donate=True)
     step = jax.jit(sim.availability.step)
     key = jax.random.key(1)
     jax.block_until_ready(step(state.availability_state, key))
@@ -181,7 +181,7 @@ def measure_one(
     # what the strategy reaches: train on to accuracy_rounds rounds in all
     done = 2 * rounds + 2
     if accuracy_rounds > done:
-        state, _ = jax.block_until_ready(sim.run_rounds(state, accuracy_rounds - done))
+        state, _ = jax.block_until_ready(sim.run_rounds(state, accuracy_rounds - done, donate=True))
     accuracy = float(sim.evaluate(state)["test_accuracy"])
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
     device_peak = None

@@ -81,10 +81,13 @@ class GlobalEngine:
             members = logs.round.shape[0]
             fields = [chunk_fields(logs, i, self.timed) for i in range(members)]
             return fields, {"rounds": time.perf_counter() - t0}
+        # the driver holds the only reference to its state: the rounds may reuse its buffers
         if self.profile:
-            self.states, logs, phases = self.sim.run_rounds_profiled(self.states, n, self.data)
+            self.states, logs, phases = self.sim.run_rounds_profiled(
+                self.states, n, self.data, donate=True
+            )
         else:
-            self.states, logs = self.sim.run_rounds(self.states, n, self.data)
+            self.states, logs = self.sim.run_rounds(self.states, n, self.data, donate=True)
             jax.block_until_ready(self.states.params)
             phases = {"rounds": time.perf_counter() - t0}
         return [chunk_fields(logs, timed=self.timed)], phases

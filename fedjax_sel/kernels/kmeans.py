@@ -21,7 +21,9 @@ then runs one Lloyd step on every row (assign, recenter, assign):
 ``O(n_init iters s k d + n k d)``
 (the sampling approximation of scikit-learn's ``MiniBatchKMeans`` initialisation and of
 Bachem et al. 2018's coresets, without the weights). ``tests/test_fedcvr_kernels.py`` states
-how close it stays to the full fit.
+how close it stays to the full fit. Above :data:`BLOCK_ELEMENTS` point-center pairs the
+assignment runs over blocks of rows and the recentering sums by segment, so that no ``n x k``
+array exists: the same labels, distances and centers up to float rounding.
 """
 
 from __future__ import annotations
@@ -82,15 +84,55 @@ def kmeans_plusplus(key: PRNGKey, x: Array, k: int, num_trials: int | None = Non
     return centers
 
 
-def _assign(x: Array, centers: Array) -> tuple[Array, Array]:
+# Above this many point-center pairs, the assignment runs over blocks of rows and the
+# recentering sums by segment: no n x k array (distances, one-hot, and the broadcasts XLA:CPU
+# materialises for its matmul fusions) of more than about 2^22 elements (16 MB) exists at
+# once. At 10^6 points and k = 100 each such array is 400 MB. Below it, one pass as before.
+BLOCK_ELEMENTS = 1 << 22
+
+
+def _block_rows(n: int, k: int) -> int | None:
+    """Rows per assignment block, or ``None`` when ``n x k`` fits in one block."""
+    rows = max(1, BLOCK_ELEMENTS // max(k, 1))
+    return None if n <= rows else rows
+
+
+def _assign_all(x: Array, centers: Array) -> tuple[Array, Array]:
     d2 = squared_distances(x, centers)
     return jnp.argmin(d2, axis=1).astype(jnp.int32), jnp.min(d2, axis=1)
 
 
+def _assign(x: Array, centers: Array) -> tuple[Array, Array]:
+    """Each row's nearest center (int32[n]) and squared distance to it (float32[n])."""
+    n = x.shape[0]
+    rows = _block_rows(n, centers.shape[0])
+    if rows is None:
+        return _assign_all(x, centers)
+
+    def block(i, carry):
+        labels, nearest = carry
+        # the last block starts early enough to stay inside x (it recomputes a few rows of
+        # the block before it, with the same result): no padded copy of x
+        start = jnp.minimum(i * rows, n - rows)
+        lab, near = _assign_all(jax.lax.dynamic_slice_in_dim(x, start, rows), centers)
+        return (
+            jax.lax.dynamic_update_slice_in_dim(labels, lab, start, 0),
+            jax.lax.dynamic_update_slice_in_dim(nearest, near, start, 0),
+        )
+
+    init = (jnp.zeros((n,), jnp.int32), jnp.zeros((n,), x.dtype))
+    return jax.lax.fori_loop(0, -(-n // rows), block, init)
+
+
 def _recenter(x: Array, labels: Array, nearest: Array, k: int) -> Array:
-    onehot = jax.nn.one_hot(labels, k, dtype=x.dtype)
-    counts = jnp.sum(onehot, axis=0)
-    centers = (onehot.T @ x) / jnp.maximum(counts, 1.0)[:, None]
+    if _block_rows(x.shape[0], k) is None:
+        onehot = jax.nn.one_hot(labels, k, dtype=x.dtype)
+        counts = jnp.sum(onehot, axis=0)
+        sums = onehot.T @ x
+    else:  # no n x k one-hot (sums in another order: equal up to float rounding)
+        counts = jax.ops.segment_sum(jnp.ones(labels.shape, x.dtype), labels, k)
+        sums = jax.ops.segment_sum(x, labels, k)
+    centers = sums / jnp.maximum(counts, 1.0)[:, None]
     # empty clusters take the points farthest from their centers, one distinct point each
     empty = counts == 0
     rank = jnp.clip(jnp.cumsum(empty) - 1, 0, k - 1)

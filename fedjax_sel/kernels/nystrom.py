@@ -79,14 +79,23 @@ def landmark_factor(
         r = k_hat(ones)
         r = jnp.maximum(r, 1e-6 * jnp.mean(jnp.abs(r)) + 1e-30)
         deg = 0.5 * (1.0 + k_hat(1.0 / r))
-        f = jnp.concatenate([c / r[:, None], c], axis=1)
+        inv_sqrt = _inv_sqrt(deg)
+        # F in one elementwise pass over [C, C] (XLA fuses it into one loop writing F): scaling
+        # a concatenation of R^{-1} C and C would keep the halves, the concatenation and F
+        # alive at once (4 K x m arrays). The same operations per entry.
+        cc = jnp.broadcast_to(c[:, None, :], (c.shape[0], 2, c.shape[1]))
+        first = jnp.asarray([True, False])[None, :, None]
+        f = jnp.where(first, cc / r[:, None, None], cc) * inv_sqrt[:, None, None]
+        f = f.reshape(c.shape[0], 2 * c.shape[1])
         z = jnp.zeros_like(a)
-        g = 0.5 * jnp.block([[z, a], [a, z]])
-    else:
-        deg = k_hat(ones)
-        f, g = c, a
-    inv_sqrt = jnp.where(deg > 0, jax.lax.rsqrt(jnp.where(deg > 0, deg, 1.0)), 0.0)
-    return f * inv_sqrt[:, None], g, inv_sqrt
+        return f, 0.5 * jnp.block([[z, a], [a, z]]), inv_sqrt
+    inv_sqrt = _inv_sqrt(k_hat(ones))
+    return c * inv_sqrt[:, None], a, inv_sqrt
+
+
+def _inv_sqrt(deg: Array) -> Array:
+    """``d^{-1/2}``, 0 where the degree is not positive."""
+    return jnp.where(deg > 0, jax.lax.rsqrt(jnp.where(deg > 0, deg, 1.0)), 0.0)
 
 
 def lowrank_top_eigenvectors(
