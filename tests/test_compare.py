@@ -243,3 +243,35 @@ def test_seeds_to_settle_is_where_the_interval_would_exclude_0_or_the_claim():
     gap = max(abs(m), abs(2.0 - m))
     half = lambda k: stats.t.ppf(0.975, k - 1) * sd / np.sqrt(k)  # noqa: E731
     assert half(n) < gap and (n == d.size or half(n - 1) >= gap)
+
+
+def test_per_seed_holds_a_claim_metric_for_every_method_of_its_setting(tmp_path):
+    """A claim's metric that is not a summary key (``accuracy@R``) goes into ``per_seed.json``
+    for every method of the claim's setting, not only the claim's two arms: a paired
+    comparison of all methods against one baseline (``paired_vs_*``) reads them all, and must
+    rebuild from the committed file. Methods of another setting do not get it."""
+    from fedjax_sel.config import RunConfig
+    from fedjax_sel.experiment.loop import RunResult
+    from fedjax_sel.reproduce.common import Claim, Study
+
+    study = Study("x", profile="paper", size="cpu", seeds=2, out=tmp_path, progress=False)
+    base = RunConfig(dataset="digits", rounds=4)
+    labels = {"A": "uniform", "B": "full", "C": "power_of_choice"}
+    for label, strategy in labels.items():
+        study.add("s", label, base.replace(strategy=strategy))
+    study.add("t", "D", base.replace(strategy="oort"))
+    for i, (setting, label) in enumerate(study.cells):
+        study.results[(setting, label)] = [
+            RunResult(
+                c.config,
+                [{"round": 2, "test_accuracy": 0.1 * i + 0.01 * s}],
+                {"final_accuracy": 0.5 + 0.1 * i},
+                out_dir=c.out,
+            )
+            for s, c in enumerate(study.cells[(setting, label)])
+        ]
+    cells = study.per_seed([Claim("c", "s", "A", "B", "accuracy@2", 1.0)])
+    for label, i in (("A", 0), ("B", 1), ("C", 2)):
+        seeds = cells[f"s/{label}"]["seeds"]
+        assert seeds == {str(s): {"accuracy@2": 0.1 * i + 0.01 * s} for s in (0, 1)}, label
+    assert "t/D" not in cells  # no claim reads setting t, and no run folder exists

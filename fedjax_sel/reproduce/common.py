@@ -424,11 +424,13 @@ class Study:
 
     def per_seed(self, claims: Sequence[Claim]) -> dict[str, dict[str, Any]]:
         """Every run folder's per-seed values (:func:`per_seed_cells`), with each claim's
-        metric added to the cells it reads (metrics such as ``accuracy@R`` that are not summary
-        keys included)."""
+        metric (metrics such as ``accuracy@R`` that are not summary keys included) added to
+        every cell of the claim's setting: the cells it reads, and the other methods of that
+        setting, which a paired comparison against one baseline (``paired_vs_*``) reads."""
         cells = per_seed_cells(self.out)
         for c in claims:
-            for label in (c.label, c.baseline, *(c.contrast or ())):
+            others = [lab for s, lab in (*self.cells, *self._same) if s == c.setting]
+            for label in dict.fromkeys((c.label, c.baseline, *(c.contrast or ()), *others)):
                 cell = cells.setdefault(
                     self.cell_key(c.setting, label), {"label": label, "seeds": {}}
                 )
