@@ -80,9 +80,10 @@ def landmark_factor(
         r = jnp.maximum(r, 1e-6 * jnp.mean(jnp.abs(r)) + 1e-30)
         deg = 0.5 * (1.0 + k_hat(1.0 / r))
         inv_sqrt = _inv_sqrt(deg)
-        # F in one elementwise pass over [C, C] (XLA fuses it into one loop writing F): scaling
-        # a concatenation of R^{-1} C and C would keep the halves, the concatenation and F
-        # alive at once (4 K x m arrays). The same operations per entry.
+        # F in one elementwise pass over C broadcast to K x 2 x m (one XLA loop writes F):
+        # scaling a concatenation of R^{-1} C and C keeps the halves, the concatenation and F
+        # alive at once (4 K x m arrays; concatenating scaled halves still materialises the
+        # concatenation). The same operations per entry.
         cc = jnp.broadcast_to(c[:, None, :], (c.shape[0], 2, c.shape[1]))
         first = jnp.asarray([True, False])[None, :, None]
         f = jnp.where(first, cc / r[:, None, None], cc) * inv_sqrt[:, None, None]
