@@ -171,7 +171,7 @@ class Simulation:
         self._chunk_donated = jax.jit(self._chunk_fn, static_argnums=(2,), donate_argnums=(0,))
         self._evaluate = jax.jit(self.evaluate_fn)
         self._batched_fns: dict = {}
-        self._phases = None
+        self._phases: dict = {}  # donate -> the three phase programs, compiled on first use
 
     # ----------------------------------------------------------------------------- set-up
     def place(self, data: SimData) -> SimData:
@@ -463,8 +463,6 @@ class Simulation:
         per phase); the results agree up to floating-point reassociation. ``donate``: see
         :meth:`run_rounds` (the selection and aggregation phases reuse the state's buffers).
         """
-        if self._phases is None:
-            self._phases = {}
         if donate not in self._phases:
             spec, gives = self.round_spec, {"donate_argnums": (0,)} if donate else {}
             self._phases[donate] = (

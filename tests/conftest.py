@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 import jax
+import numpy as np
 import pytest
 
 # One persistent compilation cache for the session (shared by the xdist workers of one run,
@@ -123,6 +124,22 @@ def _data_dir_env(monkeypatch, tmp_path_factory):
     monkeypatch.setenv("FEDJAX_SEL_DATA_DIR", str(data_dir_path()))
     monkeypatch.setenv("FEDJAX_SEL_AUTOTUNE", "0")
     monkeypatch.setenv("FEDJAX_SEL_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+@pytest.fixture
+def host_leaves():
+    """A pytree's leaves as NumPy arrays (PRNG keys as their key data), to compare states
+    leaf by leaf."""
+
+    def leaves(tree) -> list[np.ndarray]:
+        return [
+            np.asarray(jax.random.key_data(x))
+            if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+            else np.asarray(x)
+            for x in jax.tree.leaves(tree)
+        ]
+
+    return leaves
 
 
 @pytest.fixture

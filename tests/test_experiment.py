@@ -283,7 +283,7 @@ def test_run_killed_with_sigkill_resumes_bit_identically(tmp_path):
     assert not (killed / "checkpoint.npz").exists()  # removed once the run finished
 
 
-def test_bad_checkpoints_are_named(tmp_path):
+def test_bad_checkpoints_are_named(tmp_path, host_leaves):
     config = small().resolve()
     sim = build_simulation(config)
     state = sim.init(0)
@@ -292,7 +292,7 @@ def test_bad_checkpoints_are_named(tmp_path):
     )
     restored, header = load_checkpoint(path, state, results_key=config.results_key())
     assert header["round"] == 0
-    for a, b in zip(jax_leaves(restored), jax_leaves(state), strict=True):
+    for a, b in zip(host_leaves(restored), host_leaves(state), strict=True):
         np.testing.assert_array_equal(a, b)
     with pytest.raises(ConfigError, match="written by another configuration"):
         load_checkpoint(path, state, results_key="other")
@@ -302,17 +302,6 @@ def test_bad_checkpoints_are_named(tmp_path):
     other = build_simulation(small(num_clients=12).resolve()).init(0)
     with pytest.raises(ConfigError, match="expects"):
         load_checkpoint(path, other, results_key=config.results_key())
-
-
-def jax_leaves(state):
-    import jax
-
-    return [
-        np.asarray(jax.random.key_data(x))
-        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
-        else np.asarray(x)
-        for x in jax.tree.leaves(state)
-    ]
 
 
 def test_sweep_override_sets_every_cell_after_the_strategies(tmp_path):

@@ -93,14 +93,7 @@ def test_profiled_round_agrees_with_the_compiled_one(digits):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
 
-def _host_leaves(tree):
-    return [
-        np.asarray(jax.random.key_data(x) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key) else x)
-        for x in jax.tree.leaves(tree)
-    ]
-
-
-def test_donated_rounds_give_the_same_results_and_consume_their_input(digits):
+def test_donated_rounds_give_the_same_results_and_consume_their_input(digits, host_leaves):
     """``donate=True`` (what the experiment driver and ``bench scale`` use) reuses the state's
     buffers: the same state and logs bit for bit, in the fused and the profiled rounds, and
     the donated input can no longer be read (XLA:CPU honours the donation)."""
@@ -108,14 +101,14 @@ def test_donated_rounds_give_the_same_results_and_consume_their_input(digits):
     state, log = sim.run_rounds(sim.init(seed=4), 4)
     given = sim.init(seed=4)
     donated, log_d = sim.run_rounds(given, 4, donate=True)
-    for a, b in zip(_host_leaves(state), _host_leaves(donated), strict=True):
+    for a, b in zip(host_leaves(state), host_leaves(donated), strict=True):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(log.clients, log_d.clients)
     assert jax.tree.leaves(given.params)[0].is_deleted()
     kept, _, _ = sim.run_rounds_profiled(sim.init(seed=4), 2)
     given = sim.init(seed=4)
     profiled, _, _ = sim.run_rounds_profiled(given, 2, donate=True)
-    for a, b in zip(_host_leaves(kept), _host_leaves(profiled), strict=True):
+    for a, b in zip(host_leaves(kept), host_leaves(profiled), strict=True):
         np.testing.assert_array_equal(a, b)
     assert jax.tree.leaves(given.params)[0].is_deleted()
     # a state holding one buffer in two fields (CA-Fed's init does) is donated once: the
