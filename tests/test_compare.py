@@ -275,3 +275,76 @@ def test_per_seed_holds_a_claim_metric_for_every_method_of_its_setting(tmp_path)
         seeds = cells[f"s/{label}"]["seeds"]
         assert seeds == {str(s): {"accuracy@2": 0.1 * i + 0.01 * s} for s in (0, 1)}, label
     assert "t/D" not in cells  # no claim reads setting t, and no run folder exists
+
+
+def test_a_per_seed_statistic_is_recomputed_from_the_per_seed_file(tmp_path):
+    """``Study.per_seed_stat`` (a results.json number that is not a claim: a premise, a
+    table cell, a mechanism row) puts its metric into ``per_seed.json`` for the cells it read,
+    though no claim reads them, and the per-seed values alone give it back bit for bit; its
+    numbers are the mean and t interval of the planted values (or of their paired
+    differences)."""
+    from fedjax_sel.base import ConfigError
+    from fedjax_sel.config import RunConfig
+    from fedjax_sel.experiment.compare import paired_stats
+    from fedjax_sel.experiment.loop import RunResult
+    from fedjax_sel.reproduce.common import Study, per_seed_stat
+
+    study = Study("x", profile="paper", size="cpu", seeds=4, out=tmp_path, progress=False)
+    base = RunConfig(dataset="digits", rounds=4)
+    study.add("s", "A", base.replace(strategy="uniform"))
+    study.add("s", "B", base.replace(strategy="full"))
+    planted = {"A": [0.30, 0.50, 0.20, 0.40], "B": [0.10, 0.45, 0.05, 0.20]}
+    for (setting, label), cells in study.cells.items():
+        study.results[(setting, label)] = [
+            RunResult(c.config, [{"round": 3, "test_accuracy": planted[label][s]}], {},
+                      out_dir=c.out)
+            for s, c in enumerate(cells)
+        ]  # fmt: skip
+    single = study.per_seed_stat("s", "A", "accuracy@3", 100.0)
+    paired = study.per_seed_stat("s", "A", "accuracy@3", 100.0, baseline="B")
+    tested = study.per_seed_stat("s", "A", "accuracy@3", 100.0, baseline="B", test=True)
+    a, b = 100 * np.asarray(planted["A"]), 100 * np.asarray(planted["B"])
+    for stat, v in ((single, a), (paired, a - b)):
+        half = stats.t.ppf(0.975, 3) * v.std(ddof=1) / 2
+        assert stat["mean"] == pytest.approx(v.mean())
+        assert (stat["ci_low"], stat["ci_high"]) == pytest.approx(
+            (v.mean() - half, v.mean() + half)
+        )
+        assert stat["seeds"] == 4
+    assert {k: tested[k] for k in paired_stats(a, b)} == pytest.approx(paired_stats(a, b))
+    cells = study.per_seed([])  # no claims: the statistics alone put the metric there
+    for label in "AB":
+        assert [v["accuracy@3"] for v in cells[f"s/{label}"]["seeds"].values()] == planted[label]
+    for stat in (single, paired, tested):
+        src = stat["from_per_seed"]
+        again = per_seed_stat(cells, src["arm"], src["metric"], src["scale"], src["baseline"],
+                              test=src.get("test", False))  # fmt: skip
+        assert again == stat
+    with pytest.raises(ConfigError, match="needs a baseline"):
+        per_seed_stat(cells, "s/A", "accuracy@3", test=True)
+
+
+def test_per_seed_means_of_diagnostics_come_back_from_the_per_seed_file(tmp_path):
+    """Diagnostics a reproduction reduces from each run's curves (a number or an array per
+    seed) go into ``per_seed.json`` under a prefix; their means over seeds (element-wise for
+    arrays, over the seeds that have the key) come back from the file alone."""
+    from fedjax_sel.config import RunConfig
+    from fedjax_sel.experiment.loop import RunResult
+    from fedjax_sel.reproduce.common import Study, recompute_from_per_seed
+
+    study = Study("x", profile="paper", size="cpu", seeds=3, out=tmp_path, progress=False)
+    study.add("s", "A", RunConfig(dataset="digits", rounds=4, strategy="uniform"))
+    study.results[("s", "A")] = [
+        RunResult(c.config, [], {"final_accuracy": 0.5}, out_dir=c.out)
+        for c in study.cells[("s", "A")]
+    ]
+    by_seed = {
+        0: {"ratio": 0.25, "sizes": [4.0, 2.0], "never": 1.0},
+        1: {"ratio": 0.75, "sizes": [5.0, 1.0]},
+        2: {"ratio": 0.5, "sizes": [3.0, 3.0], "never": 4.0},
+    }
+    means = study.per_seed_means("s", "A", by_seed)
+    assert means["ratio"] == 0.5 and means["sizes"] == [4.0, 2.0] and means["never"] == 2.5
+    cells = study.per_seed([])
+    assert cells["s/A"]["seeds"]["1"] == {"diagnostic.ratio": 0.75, "diagnostic.sizes": [5.0, 1.0]}
+    assert recompute_from_per_seed(cells, means) == means

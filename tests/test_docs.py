@@ -202,6 +202,30 @@ def test_every_committed_verdict_follows_from_its_own_interval():
     assert checked >= 100
 
 
+def test_every_per_seed_statistic_of_a_results_file_is_recomputed():
+    """Where a reproduction folder has ``per_seed.json``, each statistic of its
+    ``results.json`` that names its source (``from_per_seed``: a premise, a cell of a table, a
+    paired mechanism row, a cell where the paper's own method loses, a mean of diagnostics
+    each seed reduced from its curves) is what the committed per-seed values give, bit for
+    bit; and the verdict rows it repeats are ``verdicts.json``'s."""
+    from fedjax_sel.reproduce.common import per_seed_stats_in, recompute_from_per_seed
+
+    reproduce = ROOT / "benchmarks" / "results" / "reproduce"
+    checked = 0
+    for per_seed in sorted(reproduce.glob("*/*/per_seed.json")):
+        folder = per_seed.parent
+        cells = json.loads(per_seed.read_text())["cells"]
+        results = json.loads((folder / "results.json").read_text())
+        if "verdicts" in results:
+            assert results["verdicts"] == json.loads((folder / "verdicts.json").read_text())
+        for stat in per_seed_stats_in(results):
+            again = recompute_from_per_seed(cells, stat)
+            # a mechanism row carries its names beside the statistic
+            assert again == {k: stat.get(k) for k in again}, f"{folder.name}: {again}"
+            checked += 1
+    assert checked >= 60, checked
+
+
 def _paired_comparisons_with_per_seed():
     reproduce = ROOT / "benchmarks" / "results" / "reproduce"
     for path in sorted(reproduce.glob("*/*/paired_vs_*/**/comparison.json")):

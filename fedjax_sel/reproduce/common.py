@@ -252,6 +252,77 @@ def cell_values(cells: dict[str, dict[str, Any]], arm: str, metric: str) -> dict
     return {int(s): v[metric] for s, v in seeds.items() if metric in v}
 
 
+def per_seed_stat(
+    cells: dict[str, dict[str, Any]],
+    arm: str,
+    metric: str,
+    scale: float = 1.0,
+    baseline: str | None = None,
+    test: bool = False,
+) -> dict[str, Any]:
+    """A ``results.json`` statistic that is not a claim, from per-seed cells alone: the mean,
+    95% CI, std and count over seeds of ``scale * metric`` in cell ``arm``, or, with
+    ``baseline`` (a cell key), of the paired difference ``arm - baseline`` over the seeds both
+    have (computed as :func:`claim_row` computes a claim's); ``test``: the paired difference's
+    :func:`~fedjax_sel.experiment.compare.paired_stats` instead (t and bootstrap intervals,
+    p-value, win rate). The result names its source under ``from_per_seed``, so that a test
+    recomputes it from the committed ``per_seed.json``."""
+    from fedjax_sel.experiment.compare import paired_stats
+
+    values = cell_values(cells, arm, metric)
+    source = {"arm": arm, "metric": metric, "scale": scale, "baseline": baseline}
+    if baseline is None:
+        if test:
+            raise ConfigError(f"per_seed_stat of {arm!r}: a paired test needs a baseline")
+        v = np.asarray(list(values.values()), np.float64) * scale
+        return {"from_per_seed": source, **summary_stat(v)}
+    base = cell_values(cells, baseline, metric)
+    common = sorted(set(values) & set(base))
+    xs = np.asarray([values[s] for s in common], np.float64) * scale
+    bs = np.asarray([base[s] for s in common], np.float64) * scale
+    if test:
+        return {"from_per_seed": {**source, "test": True}, **paired_stats(xs, bs)}
+    return {"from_per_seed": source, **summary_stat(xs - bs)}
+
+
+def per_seed_means(
+    cells: dict[str, dict[str, Any]], arm: str, keys: Sequence[str], prefix: str
+) -> dict[str, Any]:
+    """The mean over seeds of each per-seed value ``prefix + key`` of cell ``arm`` (a number,
+    or an array averaged element-wise; seeds without it left out): a run's diagnostics read
+    from its curves, each seed's reduced to one value in ``per_seed.json``. The result names
+    its source under ``from_per_seed``, as :func:`per_seed_stat`'s does."""
+    seeds = cells.get(arm, {}).get("seeds", {})
+    out: dict[str, Any] = {"from_per_seed": {"arm": arm, "prefix": prefix, "keys": list(keys)}}
+    for key in keys:
+        values = [v[prefix + key] for v in seeds.values() if prefix + key in v]
+        if values:
+            mean = np.mean(np.asarray(values, np.float64), axis=0)
+            out[key] = float(mean) if mean.ndim == 0 else mean.tolist()
+    return out
+
+
+def recompute_from_per_seed(cells: dict[str, dict[str, Any]], stat: dict[str, Any]):
+    """``stat`` (a :func:`per_seed_stat` or :func:`per_seed_means` result) recomputed from
+    the per-seed cells alone, from the source it names."""
+    src = stat["from_per_seed"]
+    if "keys" in src:
+        return per_seed_means(cells, src["arm"], src["keys"], src["prefix"])
+    return per_seed_stat(
+        cells, src["arm"], src["metric"], src["scale"], src["baseline"], src.get("test", False)
+    )
+
+
+def per_seed_stats_in(obj: Any) -> list[dict[str, Any]]:
+    """Every :func:`per_seed_stat` result nested in ``obj`` (a loaded ``results.json``)."""
+    if isinstance(obj, dict):
+        found = [obj] if isinstance(obj.get("from_per_seed"), dict) else []
+        return found + [x for v in obj.values() for x in per_seed_stats_in(v)]
+    if isinstance(obj, list):
+        return [x for v in obj for x in per_seed_stats_in(v)]
+    return []
+
+
 def claim_row(
     cells: dict[str, dict[str, Any]], c: Claim, arms: Sequence[str], head: dict[str, Any]
 ) -> dict[str, Any]:
@@ -354,6 +425,10 @@ class Study:
         # a configuration added under several labels (a method in two tables) runs once
         self._same: dict[tuple[str, str], tuple[str, str]] = {}
         self._by_key: dict[str, tuple[str, str]] = {}
+        # (setting, label, metric) of every per_seed_stat asked for: per_seed.json holds them
+        self._stat_metrics: dict[tuple[str, str, str], None] = {}
+        # per-seed values given to per_seed_means: cell key -> label, seed -> {name: value}
+        self._given: dict[str, tuple[str, dict[int, dict[str, Any]]]] = {}
 
     def add(self, setting: str, label: str, config: RunConfig, seeds: int | None = None) -> None:
         """Adds ``config`` (its seed is replaced) as ``label`` in ``setting``, one cell per seed
@@ -407,6 +482,49 @@ class Study:
         v = np.asarray(list(self.values(setting, label, metric).values()), np.float64)
         return summary_stat(v * scale)
 
+    def per_seed_stat(
+        self,
+        setting: str,
+        label: str,
+        metric: str,
+        scale: float = 100.0,
+        baseline: str | None = None,
+        test: bool = False,
+    ) -> dict[str, Any]:
+        """:func:`per_seed_stat` of ``label`` (minus ``baseline``, paired) in ``setting``: a
+        number of ``results.json`` that is not a claim, with its source named, computed from
+        the values :meth:`per_seed` writes (the metric goes into ``per_seed.json`` for both
+        cells), so the committed file recomputes it."""
+        labels = (label,) if baseline is None else (label, baseline)
+        cells = {}
+        for lab in labels:
+            self._stat_metrics[(setting, lab, metric)] = None
+            seeds = {str(s): {metric: v} for s, v in self.values(setting, lab, metric).items()}
+            cells[self.cell_key(setting, lab)] = {"label": lab, "seeds": seeds}
+        base = None if baseline is None else self.cell_key(setting, baseline)
+        return per_seed_stat(cells, self.cell_key(setting, label), metric, scale, base, test)
+
+    def per_seed_means(
+        self,
+        setting: str,
+        label: str,
+        by_seed: dict[int, dict[str, Any]],
+        prefix: str = "diagnostic.",
+    ) -> dict[str, Any]:
+        """:func:`per_seed_means` of values the reproduction reduced from each run of
+        ``label`` in ``setting`` (``by_seed``: seed -> {key: a number or an array}):
+        :meth:`per_seed` writes them as ``prefix + key``, so the committed file gives the
+        means back."""
+        arm = self.cell_key(setting, label)
+        _, given = self._given.setdefault(arm, (label, {}))
+        keys: dict[str, None] = {}
+        for seed, values in by_seed.items():
+            for key, v in values.items():
+                given.setdefault(int(seed), {})[prefix + key] = v
+                keys[key] = None
+        cells = {arm: {"label": label, "seeds": {str(s): v for s, v in sorted(given.items())}}}
+        return per_seed_means(cells, arm, list(keys), prefix)
+
     def cell_text(
         self, setting: str, label: str, metric: str, scale: float = 100.0, digits: int = 2
     ) -> str:
@@ -426,16 +544,23 @@ class Study:
         """Every run folder's per-seed values (:func:`per_seed_cells`), with each claim's
         metric (metrics such as ``accuracy@R`` that are not summary keys included) added to
         every cell of the claim's setting: the cells it reads, and the other methods of that
-        setting, which a paired comparison against one baseline (``paired_vs_*``) reads."""
+        setting, which a paired comparison against one baseline (``paired_vs_*``) reads; the
+        metric of every :meth:`per_seed_stat` asked for, in the cells it read; and the values
+        given to :meth:`per_seed_means`."""
         cells = per_seed_cells(self.out)
+        wanted = dict.fromkeys(self._stat_metrics)
         for c in claims:
             others = [lab for s, lab in (*self.cells, *self._same) if s == c.setting]
             for label in dict.fromkeys((c.label, c.baseline, *(c.contrast or ()), *others)):
-                cell = cells.setdefault(
-                    self.cell_key(c.setting, label), {"label": label, "seeds": {}}
-                )
-                for s, v in self.values(c.setting, label, c.metric).items():
-                    cell["seeds"].setdefault(str(s), {})[c.metric] = v
+                wanted[(c.setting, label, c.metric)] = None
+        for setting, label, metric in wanted:
+            cell = cells.setdefault(self.cell_key(setting, label), {"label": label, "seeds": {}})
+            for s, v in self.values(setting, label, metric).items():
+                cell["seeds"].setdefault(str(s), {})[metric] = v
+        for arm, (label, given) in self._given.items():
+            cell = cells.setdefault(arm, {"label": label, "seeds": {}})
+            for s, values in given.items():
+                cell["seeds"].setdefault(str(s), {}).update(values)
         return cells
 
     def verdict_row(self, c: Claim, cells: dict[str, dict[str, Any]]) -> dict[str, Any]:

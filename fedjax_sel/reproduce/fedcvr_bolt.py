@@ -54,7 +54,7 @@ import numpy as np
 from fedjax_sel.base import ConfigError
 from fedjax_sel.config import RunConfig
 from fedjax_sel.data import loaders
-from fedjax_sel.experiment.compare import mean_curves, paired_stats
+from fedjax_sel.experiment.compare import mean_curves
 from fedjax_sel.experiment.outputs import plot_curves, subplots, write_json
 from fedjax_sel.reproduce import output_dir, register_reproduction
 from fedjax_sel.reproduce.common import (
@@ -344,27 +344,28 @@ DIAGNOSTIC_KEYS = (
 
 
 def diagnostics_after(study: Study, setting: str, label: str, after: int) -> dict[str, Any]:
-    """Per diagnostic: the mean over seeds and over evaluation chunks that start at or after
-    round ``after`` (arrays element-wise), plus the final ``never_picked``."""
-    per_key: dict[str, list] = {}
-    never = []
+    """Per diagnostic: each seed's mean over the evaluation chunks that start at or after
+    round ``after`` (arrays element-wise) and its final ``never_picked``, then the mean over
+    seeds; each seed's values go into ``per_seed.json`` (:meth:`Study.per_seed_means`), which
+    gives these means back."""
+    by_seed: dict[int, dict[str, Any]] = {}
     for r in study.runs(setting, label):
         rows = [
-            e
+            e["diagnostics"]
             for i, e in enumerate(r.records)
             if (r.records[i - 1]["round"] if i else 0) >= after and e.get("diagnostics")
         ]
-        for e in rows:
-            for k in DIAGNOSTIC_KEYS:
-                if k in e["diagnostics"]:
-                    per_key.setdefault(k, []).append(np.asarray(e["diagnostics"][k], np.float64))
-        if r.records and r.records[-1].get("diagnostics"):
-            never.append(r.records[-1]["diagnostics"].get("never_picked"))
-    out: dict[str, Any] = {k: np.mean(v, axis=0).tolist() for k, v in per_key.items()}
-    never = [v for v in never if v is not None]
-    if never:
-        out["never_picked"] = float(np.mean(never))
-    return out
+        mine: dict[str, Any] = {}
+        for k in DIAGNOSTIC_KEYS:
+            values = [np.asarray(d[k], np.float64) for d in rows if k in d]
+            if values:
+                mean = np.mean(values, axis=0)
+                mine[k] = float(mean) if mean.ndim == 0 else mean.tolist()
+        last = r.records[-1].get("diagnostics") if r.records else None
+        if last and last.get("never_picked") is not None:
+            mine["never_picked"] = float(last["never_picked"])
+        by_seed[r.seed] = mine
+    return study.per_seed_means(setting, label, by_seed)
 
 
 def diagnostics_text(d: dict[str, Any]) -> list[str]:
@@ -476,11 +477,9 @@ def mechanism_rows(
     for label, base, what in MECHANISM_PAIRS:
         if (setting, label) not in ran or (setting, base) not in ran:
             continue
-        x, b = study.values(setting, label, metric), study.values(setting, base, metric)
-        common = sorted(set(x) & set(b))
-        if not common:
+        if not set(study.values(setting, label, metric)) & set(study.values(setting, base, metric)):
             continue
-        st = paired_stats([scale * x[s] for s in common], [scale * b[s] for s in common])
+        st = study.per_seed_stat(setting, label, metric, scale, baseline=base, test=True)
         rows.append({"setting": setting, "pair": what, "method": label, "baseline": base, **st})
     return rows
 
@@ -707,6 +706,19 @@ def run(
             )
     # a claim is read only where both of its methods ran (tests run subsets of the methods)
     claims = [c for c in claims if {(c.setting, c.label), (c.setting, c.baseline)} <= ran]
+    # before the verdicts write per_seed.json, so that it holds these tables' metrics
+    tables_out: dict[str, dict] = {}
+    for setting, label in added:
+        metrics = (
+            ((FINAL_MSE, 1.0), (MSE_PCT, 1.0))
+            if setting.startswith("table1")
+            else (("final_client_test_accuracy_mean", 100.0),)
+        )
+        tables_out.setdefault(setting, {})[label] = {
+            metric: study.per_seed_stat(setting, label, metric, factor)
+            for metric, factor in metrics
+        }
+    results["tables"] = tables_out
     verdict_rows = study.verdicts(claims)
     if verdict_rows:
         section(
@@ -717,17 +729,6 @@ def run(
         md.extend(["", "## Not run here", ""])
         md.extend(f"- {k}: {v}" for k, v in results["absent"].items())
     results.update(verdicts=verdict_rows, mechanism=mechanism, diagnostics=diagnostics)
-    tables_out: dict[str, dict] = {}
-    for setting, label in added:
-        metrics = (
-            ((FINAL_MSE, 1.0), (MSE_PCT, 1.0))
-            if setting.startswith("table1")
-            else (("final_client_test_accuracy_mean", 100.0),)
-        )
-        tables_out.setdefault(setting, {})[label] = {
-            metric: study.stat(setting, label, metric, factor) for metric, factor in metrics
-        }
-    results["tables"] = tables_out
     results["paper"] = {
         "table1": {f"{m} / {h}": v for (m, h), v in PAPER_TABLE1.items()},
         "table2": PAPER_TABLE2,

@@ -533,7 +533,7 @@ def run(
             claim_list += claims(part, setting.methods)
         results["tables"][part] = [diagnostics_row(study, part, lab) for lab in labels]
         for lab, row in zip(labels, results["tables"][part], strict=True):
-            row["target_accuracy_stat"] = study.stat(part, lab, "target_accuracy", 100.0)
+            row["target_accuracy_stat"] = study.per_seed_stat(part, lab, "target_accuracy")
         results["plots"][part] = _plots(study, part, labels, out)
     verdict_rows = study.verdicts(claim_list)
     if verdict_rows:
