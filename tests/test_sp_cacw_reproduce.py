@@ -15,7 +15,12 @@ from fedjax_sel.cli import main
 from fedjax_sel.experiment.outputs import read_metrics, strip_timings
 from fedjax_sel.reproduce import REPRODUCTIONS
 from fedjax_sel.reproduce import sp_cacw as repro
-from fedjax_sel.reproduce.common import VERDICTS, Study
+from fedjax_sel.reproduce.common import (
+    VERDICTS,
+    Study,
+    per_seed_stats_in,
+    recompute_from_per_seed,
+)
 
 TINY_DATA = (("num_clusters", 2), ("transform", "permute"), ("examples_per_client", 30))
 FAST = (("pgd_steps", 20), ("power_iters", 3))
@@ -136,10 +141,26 @@ def test_tiny_reproduction_end_to_end(tmp_path, monkeypatch, capsys, check_pinne
     assert sp_row["unobserved_weight"] == 0.0 and sp_row["tightness"] is not None
     text = (out / "tables.md").read_text()
     assert "Verdicts" in text and "SP-CACW - method" in text and "cifar100" in text
-    for key in ("curves", "heatmap", "bound"):
-        assert (out / results["plots"]["mnist_permute"][key].split("/")[-1]).stat().st_size > 0
+    for key in ("curves", "heatmap", "bound"):  # file names in the folder, not paths
+        assert (out / results["plots"]["mnist_permute"][key]).stat().st_size > 0
+        assert "/" not in results["plots"]["mnist_permute"][key]
     per_seed = json.loads((out / "per_seed.json").read_text())
     check_pinned(per_seed, PINNED_TINY_VALUES)
+    # the diagnostics rows and the cells come back from per_seed.json alone; a row's
+    # first-chunk L eta is the mean over seeds of each metrics file's first chunk
+    stats = per_seed_stats_in(json.loads((out / "results.json").read_text()))
+    rows = results["tables"]["mnist_permute"]
+    assert sum("keys" in st["from_per_seed"] for st in stats) == len(rows)
+    assert len(stats) >= 2 * len(rows)
+    for st in stats:
+        again = recompute_from_per_seed(per_seed["cells"], st)
+        assert again == {k: st.get(k) for k in again}, st["from_per_seed"]
+    first = []
+    for s in (0, 1):
+        records = read_metrics(runs / "SP-CACW" / f"seed{s}" / "metrics.jsonl")
+        first.append(next(e for e in records if e.get("diagnostics"))["diagnostics"])
+    first = [d["lr_times_smoothness"] for d in first]
+    assert sp_row["lr_times_smoothness_first_chunk"] == pytest.approx(np.mean(first), rel=1e-12)
     assert "mnist_permute" in capsys.readouterr().out
 
 

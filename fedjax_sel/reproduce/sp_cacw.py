@@ -239,20 +239,31 @@ def _ci_text(m, lo, hi, digits=2, sign=False) -> str:
     return f.format(m) if lo is None else f"{f.format(m)} [{f.format(lo)}, {f.format(hi)}]"
 
 
-def _summary_mean(study: Study, part: str, label: str, key: str) -> float | None:
-    vals = [r.summary.get(key) for r in study.runs(part, label)]
-    vals = [float(v) for v in vals if isinstance(v, (int, float)) and math.isfinite(v)]
-    return float(np.mean(vals)) if vals else None
+# summary keys each run reports, averaged over seeds in the diagnostics rows
+SUMMARY_DIAGNOSTICS = (
+    "target_accuracy", "worst_target_accuracy", "self_weight", "own_cluster_mass",
+    "peers_with_weight", "unobserved_weight", "bound_premise_fraction",
+    "lr_times_smoothness_max", "risk_bound", "risk_bound_train_loss",
+)  # fmt: skip
+# (diagnostic, row key): its mean over the first evaluated chunk, averaged over seeds
+FIRST_CHUNK_DIAGNOSTICS = (
+    ("unobserved_weight", "unobserved_weight_first_chunk"),
+    ("lr_times_smoothness", "lr_times_smoothness_first_chunk"),
+)
 
 
-def _first_chunk(study: Study, part: str, label: str, key: str) -> float | None:
-    """Mean over seeds of a diagnostic's mean over the first evaluated chunk."""
-    vals = []
-    for r in study.runs(part, label):
-        chunk = next((e for e in r.records if e.get("diagnostics")), None)
+def _seed_diagnostics(run) -> dict[str, float]:
+    """One run's values of the diagnostics rows: its summary keys and its first chunk's."""
+    out = {}
+    for key in SUMMARY_DIAGNOSTICS:
+        v = run.summary.get(key)
+        if isinstance(v, (int, float)) and math.isfinite(v):
+            out[key] = float(v)
+    chunk = next((e for e in run.records if e.get("diagnostics")), None)
+    for key, name in FIRST_CHUNK_DIAGNOSTICS:
         if chunk is not None and chunk["diagnostics"].get(key) is not None:
-            vals.append(float(chunk["diagnostics"][key]))
-    return float(np.mean(vals)) if vals else None
+            out[name] = float(chunk["diagnostics"][key])
+    return out
 
 
 def tightness(study: Study, part: str, label: str) -> dict[str, Any] | None:
@@ -286,15 +297,11 @@ def diagnostics_row(study: Study, part: str, label: str) -> dict[str, Any]:
     peers in the first chunk and at the end, peers with weight), ``L eta`` and the risk bound's
     premise (the bound itself only where the premise held), the update period in epochs."""
     runs = study.runs(part, label)
-    row: dict[str, Any] = {"method": label}
-    for key in (
-        "target_accuracy", "worst_target_accuracy", "self_weight", "own_cluster_mass",
-        "peers_with_weight", "unobserved_weight", "bound_premise_fraction",
-        "lr_times_smoothness_max", "risk_bound", "risk_bound_train_loss",
-    ):  # fmt: skip
-        row[key] = _summary_mean(study, part, label, key)
-    row["unobserved_weight_first_chunk"] = _first_chunk(study, part, label, "unobserved_weight")
-    row["lr_times_smoothness_first_chunk"] = _first_chunk(study, part, label, "lr_times_smoothness")
+    # each seed's values go into per_seed.json, which gives these means back
+    means = study.per_seed_means(part, label, {r.seed: _seed_diagnostics(r) for r in runs})
+    row: dict[str, Any] = {"method": label, **means}
+    for key in (*SUMMARY_DIAGNOSTICS, *(name for _, name in FIRST_CHUNK_DIAGNOSTICS)):
+        row.setdefault(key, None)
     if runs and runs[0].path is not None and (runs[0].path / CONFIG).exists():
         row["update_period_epochs"] = read_json(runs[0].path / CONFIG).get("update_period_epochs")
     row["tightness"] = tightness(study, part, label)
@@ -406,23 +413,24 @@ def absent_reason(setting: Setting, data_dir) -> str | None:
 
 
 def _plots(study: Study, part: str, labels: list[str], out: Path) -> dict[str, str]:
+    """The part's plots, by file name in ``out`` (a name, not a path: the folder moves)."""
     files = {}
     curves, bands = mean_curves([r for lab in labels for r in study.runs(part, lab)])
-    files["curves"] = str(
+    files["curves"] = Path(
         plot_curves(
             curves,
             out / f"{part}_curves.png",
             bands=bands,
             title=f"{part}: target accuracy (mean over targets), 95% CI over seeds",
         )
-    )
+    ).name
     if SP not in labels:
         return files
     first = study.runs(part, SP)[0]
     config = read_json(first.path / CONFIG)
     clusters = config["dataset"].get("cluster")
     targets = np.asarray(first.summary["targets"])
-    files["heatmap"] = str(
+    files["heatmap"] = Path(
         plots.plot_weight_heatmap(
             np.asarray(first.records[-1]["weights"]),
             targets,
@@ -430,12 +438,12 @@ def _plots(study: Study, part: str, labels: list[str], out: Path) -> dict[str, s
             out / f"{part}_weights.png",
             title=f"SP-CACW weights, {part}, seed 0",
         )
-    )
+    ).name
     if "grad_error" in first.records[-1].get("per_target", {}):
         result = result_from_records(
             "sp_cacw", SP, first.records, targets, int(config["update_every"]), [], 0.0, clusters
         )
-        files["bound"] = str(plots.plot_bound(result, out / f"{part}_bound.png"))
+        files["bound"] = Path(plots.plot_bound(result, out / f"{part}_bound.png")).name
     return files
 
 
