@@ -19,7 +19,7 @@ from fedjax_sel.bench import kernels_main
 from fedjax_sel.experiment.compare import Run
 from fedjax_sel.reproduce import REPRODUCTIONS
 from fedjax_sel.reproduce import ca_fed as rep
-from fedjax_sel.reproduce.common import VERDICTS
+from fedjax_sel.reproduce.common import VERDICTS, per_seed_stats_in, recompute_from_per_seed
 
 REQUIRED = (
     "paper claim profile size setting method baseline metric seeds paper_value paper_diff "
@@ -253,20 +253,20 @@ def test_diagnostics_read_back_against_numpy():
     run = _fake_run(records)
     assert rep.diagnostic_mean(run, "q_sum") == pytest.approx(per_round.mean())
     assert rep.diagnostic_mean(run, "missing") is None
-    row = rep.mechanism_row([run])
-    assert row["q_sum"] == pytest.approx(per_round.mean())
-    assert row["q_sum_std_across_rounds"] == pytest.approx(per_round.std(), rel=1e-6)
-    share = row["kept_share_by_class"]
+    seed = rep.seed_diagnostics(run)
+    assert seed["q_sum"] == pytest.approx(per_round.mean())
+    assert seed["q_sum_std_across_rounds"] == pytest.approx(per_round.std(), rel=1e-6)
+    share = rep.class_shares(seed)["kept_share_by_class"]
     for c, name in enumerate(CLASS_NAMES[:3]):
         assert share[name] == pytest.approx(kept[:, c].mean() / 4)
     assert share[CLASS_NAMES[3]] is None  # an empty class
     classes = population_classes(8)  # 0, 0, 1, 1, 2, 2, 3, 3
-    w = np.array([1.0, 3.0, 5.0, 7.0, 0.0, 2.0, 4.0, 4.0]) * 10
-    runs = [_fake_run([], {"weight_sums": w.tolist(), "rounds_completed": 10})] * 2
-    assert rep.class_weights(runs, classes) == dict(
+    w = [1.0, 3.0, 5.0, 7.0, 0.0, 2.0, 4.0, 4.0]
+    assert rep.class_weights({"weight_share": w}, classes.tolist())["cumulative_weight"] == dict(
         zip(CLASS_NAMES, [2.0, 6.0, 1.0, 4.0], strict=True)
     )
-    assert rep.class_weights(runs, population_classes(8, "code"))[CLASS_NAMES[0]] is None
+    code = population_classes(8, "code").tolist()
+    assert rep.class_weights({"weight_share": w}, code)["cumulative_weight"][CLASS_NAMES[0]] is None
     assert rep.tail_accuracy([{"round": r, "test_accuracy": r / 10} for r in range(1, 11)], 10) == (
         pytest.approx(np.mean([0.7, 0.8, 0.9, 1.0]))
     )
@@ -396,6 +396,14 @@ def test_tiny_end_to_end_verdicts_and_cache(tiny, tmp_path, capsys, check_pinned
     assert set(results["fig1d"]["CA-Fed"]["cumulative_weight"]) == set(CLASS_NAMES)
     per_seed = json.loads((out / "per_seed.json").read_text())
     check_pinned(per_seed, PINNED_TINY_VALUES)
+    # the mechanism rows and Fig. 1d's class weights come back from per_seed.json alone
+    stats = per_seed_stats_in(json.loads((out / "results.json").read_text()))
+    assert {st["from_per_seed"].get("derive") for st in stats} == {
+        "fedjax_sel.reproduce.ca_fed:class_shares", "fedjax_sel.reproduce.ca_fed:class_weights",
+    }  # fmt: skip
+    for st in stats:
+        again = recompute_from_per_seed(per_seed["cells"], st)
+        assert again == {k: st.get(k) for k in again}, st["from_per_seed"]
     capsys.readouterr()
     REPRODUCTIONS.build("ca-fed", **kw)
     assert "6 of 6 cells already finished" in capsys.readouterr().out

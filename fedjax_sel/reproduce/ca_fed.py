@@ -610,27 +610,36 @@ def diagnostic_mean(run: Run, key: str) -> np.ndarray | None:
     return None if total is None else total / weight
 
 
-def seed_mean(runs: list[Run], key: str) -> np.ndarray | None:
-    values = [v for v in (diagnostic_mean(r, key) for r in runs) if v is not None]
-    return None if not values else np.mean(values, axis=0)
+# diagnostics averaged over rounds (chunk means weighted by chunk length), per seed
+MECHANISM_KEYS = (
+    "excluded", "excluded_available", "q_sum", "q_max", "law_entropy_ratio", "gamma",
+    "group_size", "kept_by_group", "trained_by_group",
+)  # fmt: skip
+# the rows' numbers, None where a run logs no such diagnostic
+MECHANISM_NUMBERS = MECHANISM_KEYS[:6] + ("q_sum_std_across_rounds",)
 
 
-def mechanism_row(runs: list[Run]) -> dict[str, Any]:
-    """The diagnostics of one method, means over rounds and seeds: excluded clients, the sum
-    of weights (mean, standard deviation across rounds), the largest weight, the law's entropy
-    ratio, and per class the kept share and the trained share."""
+def seed_diagnostics(run: Run) -> dict[str, Any]:
+    """One run's diagnostics for the mechanism rows: each mean over rounds, and the standard
+    deviation of the weight sum across rounds (from its running square)."""
     out: dict[str, Any] = {}
-    for key in ("excluded", "excluded_available", "q_sum", "q_max", "law_entropy_ratio", "gamma"):
-        v = seed_mean(runs, key)
-        out[key] = None if v is None else float(v)
-    sq = [diagnostic_mean(r, "q_sum_sq") for r in runs]
-    mean = [diagnostic_mean(r, "q_sum") for r in runs]
-    if all(v is not None for v in sq + mean):
-        var = [max(float(a) - float(b) ** 2, 0.0) for a, b in zip(sq, mean, strict=True)]
-        out["q_sum_std_across_rounds"] = float(np.mean(np.sqrt(var)))
-    size = seed_mean(runs, "group_size")
+    for key in MECHANISM_KEYS:
+        v = diagnostic_mean(run, key)
+        if v is not None:
+            out[key] = float(v) if v.ndim == 0 else v.tolist()
+    sq, mean = diagnostic_mean(run, "q_sum_sq"), diagnostic_mean(run, "q_sum")
+    if sq is not None and mean is not None:
+        out["q_sum_std_across_rounds"] = float(np.sqrt(max(float(sq) - float(mean) ** 2, 0.0)))
+    return out
+
+
+def class_shares(means: dict[str, Any]) -> dict[str, Any]:
+    """Per class, the kept and the trained share: the mean kept (trained) clients of the
+    group over the mean group size (``None`` for an empty class)."""
+    out: dict[str, Any] = {}
+    size = means.get("group_size")
     for key in ("kept_by_group", "trained_by_group"):
-        v = seed_mean(runs, key)
+        v = means.get(key)
         if v is not None and size is not None:
             share = [float(a / b) if b > 0 else None for a, b in zip(v, size, strict=True)]
             out[key.replace("_by_group", "_share_by_class")] = dict(
@@ -639,16 +648,46 @@ def mechanism_row(runs: list[Run]) -> dict[str, Any]:
     return out
 
 
-def class_weights(runs: list[Run], classes: np.ndarray) -> dict[str, float | None]:
+def mechanism_row(study: Study, setting: str, label: str) -> dict[str, Any]:
+    """The diagnostics of one method, means over rounds and seeds: excluded clients, the sum
+    of weights (mean, standard deviation across rounds), the largest weight, the law's entropy
+    ratio, and per class the kept share and the trained share; each seed's values go into
+    ``per_seed.json``, which gives these back."""
+    runs = study.runs(setting, label)
+    row = study.per_seed_means(
+        setting, label, {r.seed: seed_diagnostics(r) for r in runs},
+        derive="fedjax_sel.reproduce.ca_fed:class_shares",
+    )  # fmt: skip
+    for key in MECHANISM_NUMBERS:
+        row.setdefault(key, None)
+    return row
+
+
+def class_weights(means: dict[str, Any], classes: list[int]) -> dict[str, Any]:
     """Fig. 1d: the mean over the clients of each class of ``(1/T) sum_t q_k`` (the engine's
-    ``weight_sums``), averaged over seeds; ``None`` for an empty class."""
-    w = np.mean(
-        [np.asarray(r.summary["weight_sums"]) / r.summary["rounds_completed"] for r in runs], 0
-    )
+    ``weight_sums``; ``means["weight_share"]``, averaged over seeds); ``None`` for an empty
+    class."""
+    w, c = np.asarray(means["weight_share"]), np.asarray(classes)
     return {
-        name: (float(w[classes == c].mean()) if np.any(classes == c) else None)
-        for c, name in enumerate(CLASS_NAMES)
+        "cumulative_weight": {
+            name: (float(w[c == i].mean()) if np.any(c == i) else None)
+            for i, name in enumerate(CLASS_NAMES)
+        }
     }
+
+
+def fig1d_weights(study: Study, setting: str, label: str, classes: np.ndarray) -> dict[str, Any]:
+    """:func:`class_weights` of ``label``, from each seed's ``weight_sums / rounds`` kept in
+    ``per_seed.json``."""
+    by_seed = {
+        r.seed: {"weight_share": (np.asarray(r.summary["weight_sums"], np.float64)
+                                  / r.summary["rounds_completed"]).tolist()}
+        for r in study.runs(setting, label)
+    }  # fmt: skip
+    return study.per_seed_means(
+        setting, label, by_seed, derive="fedjax_sel.reproduce.ca_fed:class_weights",
+        derive_args={"classes": [int(x) for x in classes]},
+    )  # fmt: skip
 
 
 def alpha_by_class(counts: np.ndarray, classes: np.ndarray) -> dict[str, Any]:
@@ -851,7 +890,7 @@ class Reproduction:
         diagnostics of each method in ``setting`` (recorded in ``results["mechanism"]``)."""
         rows = []
         for lab in labels:
-            m = mechanism_row(self.study.runs(setting, lab))
+            m = mechanism_row(self.study, setting, lab)
             self.results.setdefault("mechanism", {})[f"{setting} / {lab}"] = m
             rows.append(
                 [
@@ -950,14 +989,11 @@ def report_fig1d(rep: Reproduction, out: Path) -> None:
     classes = population_classes(rep.scale.num_clients, rep.profile.mix, rep.profile.id_seed)
     weights, rows = {}, []
     for lab in rep.labels:
-        runs = rep.study.runs("synthetic", lab)
-        cw = class_weights(runs, classes)
-        kept = mechanism_row(runs).get("kept_share_by_class", {})
-        rep.results.setdefault("fig1d", {})[lab] = {"cumulative_weight": cw, "kept_share": kept}
-        weights[lab] = np.mean(
-            [np.asarray(r.summary["weight_sums"]) / r.summary["rounds_completed"] for r in runs],
-            0,
-        )
+        fig1d = fig1d_weights(rep.study, "synthetic", lab, classes)
+        cw = fig1d["cumulative_weight"]
+        kept = mechanism_row(rep.study, "synthetic", lab).get("kept_share_by_class", {})
+        rep.results.setdefault("fig1d", {})[lab] = {**fig1d, "kept_share": kept}
+        weights[lab] = np.asarray(fig1d["weight_share"])
         rows.append([lab] + [f"{_fmt(cw[n], 4)} / {_fmt(kept.get(n), 2)}" for n in CLASS_NAMES])
     probe = make_config("unbiased", "synthetic", rep.profile, rep.scale, lr=(1, 1), rounds=1)
     counts = np.asarray(load_data_for(probe).train.counts)
@@ -980,7 +1016,7 @@ def report_fig2a(rep: Reproduction, out: Path) -> None:
     labels = [kappa_label(x) for x in rep.kappas] + ["Unbiased", "More available"]
     rows = []
     for lab in labels:
-        m = mechanism_row(rep.study.runs("synthetic fig2a", lab))
+        m = mechanism_row(rep.study, "synthetic fig2a", lab)
         rep.results.setdefault("mechanism", {})[f"synthetic fig2a / {lab}"] = m
         rows.append(
             [
@@ -1007,11 +1043,12 @@ def report_fig5(rep: Reproduction, out: Path) -> None:
         (r,) = rep.study.runs("fig5 maps", f"CA-Fed Fig. 5{panel}")
         available, kept = trace_maps(r)
         rate = [float(kept[:, cluster == c].mean()) for c in range(NUM_CLUSTERS)]
-        rep.results.setdefault("fig5", {})[panel] = {
-            "partition": partition,
-            "inclusion_rate_per_cluster": rate,
-            "final_accuracy": r.summary.get("final_accuracy"),
-        }
+        seed_values: dict[str, Any] = {"inclusion_rate_per_cluster": rate}
+        if r.summary.get("final_accuracy") is not None:
+            seed_values["final_accuracy"] = float(r.summary["final_accuracy"])
+        # one seed: its values, kept in per_seed.json
+        values = rep.study.per_seed_means("fig5 maps", r.label, {r.seed: seed_values})
+        rep.results.setdefault("fig5", {})[panel] = {"partition": partition, **values}
         rows.append([f"5{panel} ({partition})"] + [f"{x:.2f}" for x in rate])
         plot_map(
             available,

@@ -286,20 +286,36 @@ def per_seed_stat(
 
 
 def per_seed_means(
-    cells: dict[str, dict[str, Any]], arm: str, keys: Sequence[str], prefix: str
+    cells: dict[str, dict[str, Any]],
+    arm: str,
+    keys: Sequence[str],
+    prefix: str,
+    derive: str | None = None,
+    derive_args: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The mean over seeds of each per-seed value ``prefix + key`` of cell ``arm`` (a number,
     or an array averaged element-wise; seeds without it left out): a run's diagnostics read
-    from its curves, each seed's reduced to one value in ``per_seed.json``. The result names
-    its source under ``from_per_seed``, as :func:`per_seed_stat`'s does."""
+    from its curves, each seed's reduced to one value in ``per_seed.json``. ``derive``:
+    ``"module:function"``, called as ``function(means, **derive_args)`` (a ratio of two means,
+    per-class means of a per-client one), whose fields are added. The result names its source
+    under ``from_per_seed``, as :func:`per_seed_stat`'s does."""
     seeds = cells.get(arm, {}).get("seeds", {})
-    out: dict[str, Any] = {"from_per_seed": {"arm": arm, "prefix": prefix, "keys": list(keys)}}
+    source = {"arm": arm, "prefix": prefix, "keys": list(keys)}
+    means: dict[str, Any] = {}
     for key in keys:
         values = [v[prefix + key] for v in seeds.values() if prefix + key in v]
         if values:
             mean = np.mean(np.asarray(values, np.float64), axis=0)
-            out[key] = float(mean) if mean.ndim == 0 else mean.tolist()
-    return out
+            means[key] = float(mean) if mean.ndim == 0 else mean.tolist()
+    if derive is None:
+        return {"from_per_seed": source, **means}
+    import importlib
+
+    module, _, name = derive.partition(":")
+    args = dict(derive_args or {})
+    extra = getattr(importlib.import_module(module), name)(means, **args)
+    source = {**source, "derive": derive, "derive_args": args}
+    return {"from_per_seed": source, **means, **extra}
 
 
 def recompute_from_per_seed(cells: dict[str, dict[str, Any]], stat: dict[str, Any]):
@@ -307,7 +323,9 @@ def recompute_from_per_seed(cells: dict[str, dict[str, Any]], stat: dict[str, An
     the per-seed cells alone, from the source it names."""
     src = stat["from_per_seed"]
     if "keys" in src:
-        return per_seed_means(cells, src["arm"], src["keys"], src["prefix"])
+        return per_seed_means(
+            cells, src["arm"], src["keys"], src["prefix"], src.get("derive"), src.get("derive_args")
+        )
     return per_seed_stat(
         cells, src["arm"], src["metric"], src["scale"], src["baseline"], src.get("test", False)
     )
@@ -510,6 +528,8 @@ class Study:
         label: str,
         by_seed: dict[int, dict[str, Any]],
         prefix: str = "diagnostic.",
+        derive: str | None = None,
+        derive_args: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """:func:`per_seed_means` of values the reproduction reduced from each run of
         ``label`` in ``setting`` (``by_seed``: seed -> {key: a number or an array}):
@@ -523,7 +543,7 @@ class Study:
                 given.setdefault(int(seed), {})[prefix + key] = v
                 keys[key] = None
         cells = {arm: {"label": label, "seeds": {str(s): v for s, v in sorted(given.items())}}}
-        return per_seed_means(cells, arm, list(keys), prefix)
+        return per_seed_means(cells, arm, list(keys), prefix, derive, derive_args)
 
     def cell_text(
         self, setting: str, label: str, metric: str, scale: float = 100.0, digits: int = 2
