@@ -314,7 +314,6 @@ _NOT_YET_RECOMPUTED = {
     "ca_fed/paper-paper-fig2a": "the exclusion counts and tuning scores come from the curves",
     "fedcvr_bolt/paper-cpu": "committed before the diagnostics and Table 1's MSE cells went into "
     "per_seed.json",
-    "sp_cacw/paper-cpu": "the weight and bound diagnostics come from the curves",
     "sp_cacw/paper-cpu-rotate": "the weight diagnostics come from the curves",
 }
 
