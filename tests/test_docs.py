@@ -306,15 +306,19 @@ _NOT_YET_RECOMPUTED = {
     "ca_fed/paper-paper-mnist": "no per_seed.json: committed before it existed",
     "ca_fed/code-paper-mnist": "no per_seed.json: committed before it existed",
     "hetero_select/paper-paper": "no per_seed.json: committed before it existed",
-    "ca_fed/paper-cpu": "the mechanism, Fig. 1d, Fig. 5 and tuning scores come from the curves",
-    "ca_fed/code-cpu": "the mechanism, Fig. 1d, Fig. 5 and tuning scores come from the curves",
-    "ca_fed/code-paper": "the mechanism and tuning scores come from the curves; "
-    "adafed_lr_sensitivity.json and ca_fed_vs_unbiased.json from the runs",
-    "ca_fed/code-paper-fig5": "the mechanism and Fig. 5's inclusion rates come from the curves",
-    "ca_fed/paper-paper-fig2a": "the exclusion counts and tuning scores come from the curves",
+    "ca_fed/paper-cpu": "committed before its mechanism, Fig. 1d and Fig. 5 numbers went into "
+    "per_seed.json; the tuning scores are not in it",
+    "ca_fed/code-cpu": "committed before its mechanism, Fig. 1d and Fig. 5 numbers went into "
+    "per_seed.json; the tuning scores are not in it",
+    "ca_fed/code-paper": "committed before its mechanism went into per_seed.json; the tuning "
+    "scores, adafed_lr_sensitivity.json and ca_fed_vs_unbiased.json are not in it",
+    "ca_fed/code-paper-fig5": "committed before its mechanism and Fig. 5 numbers went into "
+    "per_seed.json",
+    "ca_fed/paper-paper-fig2a": "committed before its exclusion counts went into per_seed.json; "
+    "the tuning scores are not in it",
     "fedcvr_bolt/paper-cpu": "committed before the diagnostics and Table 1's MSE cells went into "
     "per_seed.json",
-    "sp_cacw/paper-cpu-rotate": "the weight diagnostics come from the curves",
+    "sp_cacw/paper-cpu-rotate": "committed before its diagnostics went into per_seed.json",
 }
 
 
