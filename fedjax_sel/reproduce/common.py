@@ -651,6 +651,24 @@ def verdict_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def verdicts_and_absent(
+    study: Study,
+    claims: Sequence[Claim],
+    section: Callable[[str, str], None],
+    md: list[str],
+    absent: dict[str, str],
+) -> list[dict[str, Any]]:
+    """The end of a reproduction's ``tables.md``: writes the verdicts (:meth:`Study.verdicts`),
+    adds their table as a section and the list of what did not run; returns the rows."""
+    rows = study.verdicts(claims)
+    if rows:
+        section("Verdicts (paired differences against each baseline, 95% CI)", verdict_table(rows))
+    if absent:
+        md.extend(["", "## Not run here", ""])
+        md.extend(f"- {k}: {v}" for k, v in absent.items())
+    return rows
+
+
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]

@@ -63,7 +63,7 @@ from fedjax_sel.reproduce.common import (
     check_profile_size,
     markdown_table,
     subsampled_npz,
-    verdict_table,
+    verdicts_and_absent,
 )
 
 NUM_CLIENTS = 100
@@ -719,15 +719,7 @@ def run(
             for metric, factor in metrics
         }
     results["tables"] = tables_out
-    verdict_rows = study.verdicts(claims)
-    if verdict_rows:
-        section(
-            "Verdicts (paired differences against each baseline, 95% CI)",
-            verdict_table(verdict_rows),
-        )
-    if results["absent"]:
-        md.extend(["", "## Not run here", ""])
-        md.extend(f"- {k}: {v}" for k, v in results["absent"].items())
+    verdict_rows = verdicts_and_absent(study, claims, section, md, results["absent"])
     results.update(verdicts=verdict_rows, mechanism=mechanism, diagnostics=diagnostics)
     results["paper"] = {
         "table1": {f"{m} / {h}": v for (m, h), v in PAPER_TABLE1.items()},

@@ -49,7 +49,7 @@ from fedjax_sel.reproduce.common import (
     markdown_table,
     paper_cell,
     subsampled_npz,
-    verdict_table,
+    verdicts_and_absent,
 )
 
 NUM_CLIENTS = 12
@@ -592,15 +592,7 @@ def run(
             dataclasses.replace(c, premise=failed) if c.metric == "stability_drop" else c
             for c in found
         ]
-    verdict_rows = study.verdicts(found)
-    if verdict_rows:
-        section(
-            "Verdicts (paired differences against each baseline, 95% CI)",
-            verdict_table(verdict_rows),
-        )
-    if results["absent"]:
-        md.extend(["", "## Not run here", ""])
-        md.extend(f"- {k}: {v}" for k, v in results["absent"].items())
+    verdict_rows = verdicts_and_absent(study, found, section, md, results["absent"])
     results["verdicts"] = verdict_rows
     (out / "tables.md").write_text("\n".join(md) + "\n")
     write_json(out / "results.json", results)
