@@ -19,7 +19,12 @@ from fedjax_sel.bench import kernels_main
 from fedjax_sel.experiment.compare import Run
 from fedjax_sel.reproduce import REPRODUCTIONS
 from fedjax_sel.reproduce import ca_fed as rep
-from fedjax_sel.reproduce.common import VERDICTS, per_seed_stats_in, recompute_from_per_seed
+from fedjax_sel.reproduce.common import (
+    VERDICTS,
+    Study,
+    per_seed_stats_in,
+    recompute_from_per_seed,
+)
 
 REQUIRED = (
     "paper claim profile size setting method baseline metric seeds paper_value paper_diff "
@@ -311,12 +316,15 @@ def test_tuning_picks_the_best_grid_point_per_strategy(monkeypatch, tmp_path):
                 0.9 - abs(np.log10(cfg.lr / want[0])) / 10 - abs(np.log10(cfg.server_lr / want[1]))
             )
             acc += 0.01 * (cfg.seed - rep.TUNE_SEED0)  # seeds differ; the mean decides
+            if (cfg.strategy, cfg.lr, cfg.seed) == ("ca_fed", 0.1, rep.TUNE_SEED0):
+                acc = float("nan")  # a diverged seed: its grid point scores -inf
             evals = [{"round": r, "test_accuracy": acc} for r in range(5, cfg.rounds + 1, 5)]
             out.append(RunResult(cfg, evals, {}))
         return out
 
     monkeypatch.setattr(rep, "run_cells", fake_run_cells)
     code, cpu = rep.PROFILES["code"], rep.SCALES["cpu"]
+    study = Study("ca_fed", profile="code", size="cpu", seeds=1, out=tmp_path, progress=False)
     lrs, record = rep.learning_rates(
         {"mnist": {"data_path": "unused"}},
         ("ca_fed", "unbiased", "more_available", "adafed", "f3ast"),
@@ -325,7 +333,16 @@ def test_tuning_picks_the_best_grid_point_per_strategy(monkeypatch, tmp_path):
         tmp_path,
         tune=True,
         given={},
+        study=study,
     )
+    # every score comes back from the per-seed tail accuracies kept for per_seed.json
+    cells = study.per_seed([])
+    for key, by_lr in record["scores"].items():
+        for lr, score in by_lr.items():
+            stat = record["score_stats"][key][lr]
+            assert recompute_from_per_seed(cells, stat) == stat
+            assert stat["score"] == (None if score == -np.inf else score), (key, lr)
+    assert record["scores"]["mnist.ca_fed"]["0.1/1"] == -np.inf
     assert record["tuned"] == ["ca_fed", "unbiased", "adafed"]
     n_grid = len(cpu.client_lrs) * len(cpu.server_lrs)
     assert len(seen) == cpu.tune_seeds * (2 * n_grid + len(cpu.client_lrs))  # AdaFed: server 1

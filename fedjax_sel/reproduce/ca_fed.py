@@ -486,13 +486,15 @@ def tune_lrs(
     scale: Scale,
     out: Path,
     echo=print,
+    study: Study | None = None,
 ) -> dict[str, Any]:
     """Grid search of (client, server) learning rates per strategy and data set: every grid
     point runs ``scale.tune_rounds`` rounds on ``scale.tune_seeds`` seeds (from
     :data:`TUNE_SEED0`), scored by :func:`tail_accuracy` averaged over the seeds; the best
     point is chosen (ties: the first in grid order). ``datasets``: name -> extra
     :func:`make_config` arguments. Returns ``{"chosen": {(data set, strategy): lr}, "scores":
-    ...}``."""
+    ...}``; with ``study``, also ``"score_stats"``, each score recomputable from the per-seed
+    tail accuracies it keeps in ``per_seed.json`` (:func:`tuning_score`)."""
     cells, where = [], []
     every = max(1, scale.tune_rounds // 6)
     for dataset, extra in datasets.items():
@@ -515,19 +517,43 @@ def tune_lrs(
                     cells.append(
                         Cell(config.replace(seed=seed, label=label).validate(), folder, label)
                     )
-                    where.append((dataset, strategy, lr))
+                    where.append((dataset, strategy, lr, label, seed))
     results = run_cells(cells, progress=False, echo=echo)
     totals: dict[tuple[str, str, tuple[float, float]], list[float]] = {}
-    for key, r in zip(where, results, strict=True):
-        totals.setdefault(key, []).append(tail_accuracy(r.evals, scale.tune_rounds))
-    chosen, scores = {}, {}
+    per_seed: dict[tuple[str, str, tuple[float, float]], tuple[str, dict[int, dict]]] = {}
+    for (dataset, strategy, lr, label, seed), r in zip(where, results, strict=True):
+        tail = tail_accuracy(r.evals, scale.tune_rounds)
+        totals.setdefault((dataset, strategy, lr), []).append(tail)
+        _, seeds = per_seed.setdefault((dataset, strategy, lr), (label, {}))
+        # a diverged seed (-inf, which JSON cannot hold) is counted, not averaged
+        seeds[seed] = {"diverged": 0.0, "tail_accuracy": tail} if math.isfinite(tail) else {
+            "diverged": 1.0
+        }  # fmt: skip
+    chosen, scores, stats = {}, {}, {}
     for (dataset, strategy, lr), values in totals.items():
         score = float(np.mean(values))
         scores.setdefault(f"{dataset}.{strategy}", {})[f"{lr[0]:g}/{lr[1]:g}"] = score
+        if study is not None:
+            label, seeds = per_seed[(dataset, strategy, lr)]
+            stats.setdefault(f"{dataset}.{strategy}", {})[f"{lr[0]:g}/{lr[1]:g}"] = (
+                study.per_seed_means(
+                    f"tuning {dataset}", label, seeds,
+                    derive="fedjax_sel.reproduce.ca_fed:tuning_score",
+                    arm=f"tuning/{dataset}/{_slug(label)}",
+                )
+            )  # fmt: skip
         best = chosen.get((dataset, strategy))
         if best is None or score > best[1]:
             chosen[(dataset, strategy)] = (lr, score)
-    return {"chosen": {k: v[0] for k, v in chosen.items()}, "scores": scores}
+    out = {"chosen": {k: v[0] for k, v in chosen.items()}, "scores": scores}
+    return out | ({"score_stats": stats} if study is not None else {})
+
+
+def tuning_score(means: dict[str, Any]) -> dict[str, Any]:
+    """A grid point's score from the means over its tuning seeds: the mean tail accuracy, or
+    ``None`` (-inf in the search) when a seed diverged."""
+    diverged = means.get("diverged", 0.0) > 0 or "tail_accuracy" not in means
+    return {"score": None if diverged else means["tail_accuracy"]}
 
 
 def learning_rates(
@@ -540,6 +566,7 @@ def learning_rates(
     tune: bool,
     given: dict[tuple[str, str], tuple[float, float]],
     echo=print,
+    study: Study | None = None,
 ) -> tuple[dict[tuple[str, str], tuple[float, float]], dict[str, Any]]:
     """The (client, server) learning rates of every strategy on every data set, and the
     record of how they were chosen (for ``results.json``): ``given`` values win; the rest are
@@ -565,10 +592,12 @@ def learning_rates(
             d: extra for d, extra in datasets.items() if any((d, s) not in given for s in todo)
         }
         if wanted and todo:
-            result = tune_lrs(wanted, todo, profile, scale, out, echo)
+            result = tune_lrs(wanted, todo, profile, scale, out, echo, study)
             for key, lr in result["chosen"].items():
                 lrs.setdefault(key, lr)
             record["scores"] = result["scores"]
+            if "score_stats" in result:
+                record["score_stats"] = result["score_stats"]
         record["tuned"] = list(todo)
     elif profile.name == "code":
         for key, lr in CODE_LRS.items():
@@ -1194,6 +1223,7 @@ def run(
         out,
         tune=tune,
         given=parse_lrs(lrs),
+        study=rep.study,
     )
     for part, dataset in (("fig1_synthetic", "synthetic"), ("fig1_mnist", "mnist")):
         if part in parts:

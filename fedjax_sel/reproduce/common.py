@@ -530,12 +530,14 @@ class Study:
         prefix: str = "diagnostic.",
         derive: str | None = None,
         derive_args: dict[str, Any] | None = None,
+        arm: str | None = None,
     ) -> dict[str, Any]:
         """:func:`per_seed_means` of values the reproduction reduced from each run of
         ``label`` in ``setting`` (``by_seed``: seed -> {key: a number or an array}):
         :meth:`per_seed` writes them as ``prefix + key``, so the committed file gives the
-        means back."""
-        arm = self.cell_key(setting, label)
+        means back. ``arm``: the cell key, for runs the study did not add (their folder under
+        ``runs/``); default :meth:`cell_key`."""
+        arm = arm or self.cell_key(setting, label)
         _, given = self._given.setdefault(arm, (label, {}))
         keys: dict[str, None] = {}
         for seed, values in by_seed.items():
