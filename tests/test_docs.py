@@ -305,7 +305,6 @@ _NOT_YET_RECOMPUTED = {
     "ca_fed/paper-paper": "no per_seed.json: committed before it existed",
     "ca_fed/paper-paper-mnist": "no per_seed.json: committed before it existed",
     "ca_fed/code-paper-mnist": "no per_seed.json: committed before it existed",
-    "hetero_select/paper-paper": "no per_seed.json: committed before it existed",
     "ca_fed/paper-cpu": "committed before its mechanism, Fig. 1d, Fig. 5 numbers and tuning "
     "scores went into per_seed.json",
     "ca_fed/code-cpu": "committed before its mechanism, Fig. 1d, Fig. 5 numbers and tuning "
