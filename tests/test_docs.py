@@ -317,7 +317,6 @@ _NOT_YET_RECOMPUTED = {
     "into per_seed.json",
     "fedcvr_bolt/paper-cpu": "committed before the diagnostics and Table 1's MSE cells went into "
     "per_seed.json",
-    "sp_cacw/paper-cpu-rotate": "committed before its diagnostics went into per_seed.json",
 }
 
 
