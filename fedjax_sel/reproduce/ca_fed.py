@@ -519,25 +519,22 @@ def tune_lrs(
                     )
                     where.append((dataset, strategy, lr, label, seed))
     results = run_cells(cells, progress=False, echo=echo)
-    totals: dict[tuple[str, str, tuple[float, float]], list[float]] = {}
-    per_seed: dict[tuple[str, str, tuple[float, float]], tuple[str, dict[int, dict]]] = {}
+    # (data set, strategy, lr) -> its label and each tuning seed's tail accuracy
+    tails: dict[tuple[str, str, tuple[float, float]], tuple[str, dict[int, float]]] = {}
     for (dataset, strategy, lr, label, seed), r in zip(where, results, strict=True):
-        tail = tail_accuracy(r.evals, scale.tune_rounds)
-        totals.setdefault((dataset, strategy, lr), []).append(tail)
-        _, seeds = per_seed.setdefault((dataset, strategy, lr), (label, {}))
-        # a diverged seed (-inf, which JSON cannot hold) is counted, not averaged
-        seeds[seed] = {"diverged": 0.0, "tail_accuracy": tail} if math.isfinite(tail) else {
-            "diverged": 1.0
-        }  # fmt: skip
+        _, by_seed = tails.setdefault((dataset, strategy, lr), (label, {}))
+        by_seed[seed] = tail_accuracy(r.evals, scale.tune_rounds)
     chosen, scores, stats = {}, {}, {}
-    for (dataset, strategy, lr), values in totals.items():
-        score = float(np.mean(values))
+    for (dataset, strategy, lr), (label, by_seed) in tails.items():
+        score = float(np.mean(list(by_seed.values())))
         scores.setdefault(f"{dataset}.{strategy}", {})[f"{lr[0]:g}/{lr[1]:g}"] = score
         if study is not None:
-            label, seeds = per_seed[(dataset, strategy, lr)]
+            # a diverged seed (-inf, which JSON cannot hold) is counted, not averaged
+            kept = {s: {"diverged": 0.0, "tail_accuracy": t} if math.isfinite(t)
+                    else {"diverged": 1.0} for s, t in by_seed.items()}  # fmt: skip
             stats.setdefault(f"{dataset}.{strategy}", {})[f"{lr[0]:g}/{lr[1]:g}"] = (
                 study.per_seed_means(
-                    f"tuning {dataset}", label, seeds,
+                    f"tuning {dataset}", label, kept,
                     derive="fedjax_sel.reproduce.ca_fed:tuning_score",
                     arm=f"tuning/{dataset}/{_slug(label)}",
                 )

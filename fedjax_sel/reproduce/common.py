@@ -252,6 +252,16 @@ def cell_values(cells: dict[str, dict[str, Any]], arm: str, metric: str) -> dict
     return {int(s): v[metric] for s, v in seeds.items() if metric in v}
 
 
+def paired_values(
+    cells: dict[str, dict[str, Any]], arms: Sequence[str], metric: str, scale: float
+) -> list[np.ndarray]:
+    """``scale * metric`` of each cell in ``arms`` over the seeds every one of them has (in
+    seed order): the arrays a paired difference is taken over."""
+    values = [cell_values(cells, arm, metric) for arm in arms]
+    common = sorted(set.intersection(*(set(v) for v in values)))
+    return [np.asarray([v[s] for s in common], np.float64) * scale for v in values]
+
+
 def per_seed_stat(
     cells: dict[str, dict[str, Any]],
     arm: str,
@@ -276,10 +286,7 @@ def per_seed_stat(
             raise ConfigError(f"per_seed_stat of {arm!r}: a paired test needs a baseline")
         v = np.asarray(list(values.values()), np.float64) * scale
         return {"from_per_seed": source, **summary_stat(v)}
-    base = cell_values(cells, baseline, metric)
-    common = sorted(set(values) & set(base))
-    xs = np.asarray([values[s] for s in common], np.float64) * scale
-    bs = np.asarray([base[s] for s in common], np.float64) * scale
+    xs, bs = paired_values(cells, (arm, baseline), metric, scale)
     if test:
         return {"from_per_seed": {**source, "test": True}, **paired_stats(xs, bs)}
     return {"from_per_seed": source, **summary_stat(xs - bs)}
@@ -332,7 +339,8 @@ def recompute_from_per_seed(cells: dict[str, dict[str, Any]], stat: dict[str, An
 
 
 def per_seed_stats_in(obj: Any) -> list[dict[str, Any]]:
-    """Every :func:`per_seed_stat` result nested in ``obj`` (a loaded ``results.json``)."""
+    """Every :func:`per_seed_stat` or :func:`per_seed_means` result nested in ``obj`` (a
+    loaded ``results.json``)."""
     if isinstance(obj, dict):
         found = [obj] if isinstance(obj.get("from_per_seed"), dict) else []
         return found + [x for v in obj.values() for x in per_seed_stats_in(v)]
@@ -341,21 +349,32 @@ def per_seed_stats_in(obj: Any) -> list[dict[str, Any]]:
     return []
 
 
+def not_recomputed(results: Any, cells: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The sources of the statistics in ``results`` that the per-seed ``cells`` do not give
+    back bit for bit (a row's other fields beside its statistic, such as a mechanism row's
+    names, are not compared)."""
+    wrong = []
+    for stat in per_seed_stats_in(results):
+        again = recompute_from_per_seed(cells, stat)
+        if again != {k: stat.get(k) for k in again}:
+            wrong.append(stat["from_per_seed"])
+    return wrong
+
+
 def claim_row(
     cells: dict[str, dict[str, Any]], c: Claim, arms: Sequence[str], head: dict[str, Any]
 ) -> dict[str, Any]:
     """A claim's ``verdicts.json`` row from per-seed cells, paired over the seeds every arm
     (``arms``: the cell keys of the claim's label, baseline and contrast pair) has; ``head``:
     the row's leading fields (paper, claim, profile, size, setting)."""
-    values = [cell_values(cells, arm, c.metric) for arm in arms]
-    common = sorted(set.intersection(*(set(v) for v in values)))
-    xs, bs, *contrast = (np.asarray([v[s] for s in common], np.float64) * c.scale for v in values)
+    xs, bs, *contrast = paired_values(cells, arms, c.metric, c.scale)
     d = xs - bs
     if contrast:  # ours: the method's own paired gain; the verdict: gain minus gain
         ours = summary_stat(d)
         d = d - (contrast[0] - contrast[1])
     else:
-        ours = summary_stat(np.asarray(list(values[0].values()), np.float64) * c.scale)
+        own = cell_values(cells, arms[0], c.metric)  # every seed of the method, paired or not
+        ours = summary_stat(np.asarray(list(own.values()), np.float64) * c.scale)
     if d.size:
         dm, dlo, dhi = mean_ci(d)
     else:
