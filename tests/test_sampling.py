@@ -1,12 +1,17 @@
-"""Sampling kernels: Gumbel-top-k draws, masked softmax."""
+"""Sampling kernels: Gumbel-top-k draws, uniform subsets, masked softmax."""
 
 from __future__ import annotations
+
+import itertools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
+from fedjax_sel.base import ConfigError
 from fedjax_sel.kernels import gumbel_top_k, masked_softmax, uniform_without_replacement
+from fedjax_sel.kernels.sampling import uniform_subset
 
 
 def test_gumbel_top_1_has_softmax_probabilities():
@@ -57,3 +62,29 @@ def test_masked_softmax():
     e = np.exp([1.0, 2.0])
     np.testing.assert_allclose(np.asarray(p), [e[0] / e.sum(), 0.0, e[1] / e.sum()], rtol=1e-6)
     assert np.asarray(masked_softmax(jnp.ones(3), jnp.zeros(3, bool))).sum() == 0
+
+
+def test_uniform_subset_draws_every_subset_equally_often():
+    # all C(7, 3) = 35 subsets: a chi-square test of uniformity over 35,000 draws (34 degrees
+    # of freedom: the statistic's 99.9% quantile is 65.2), and every draw distinct and sorted
+    draws = np.asarray(
+        jax.jit(jax.vmap(lambda k: uniform_subset(k, 7, 3)))(
+            jax.random.split(jax.random.key(4), 35000)
+        )
+    )
+    assert (np.diff(draws, axis=1) > 0).all() and draws.min() >= 0 and draws.max() <= 6
+    index = {c: i for i, c in enumerate(itertools.combinations(range(7), 3))}
+    counts = np.bincount([index[tuple(row)] for row in draws], minlength=35)
+    expected = 35000 / 35
+    assert ((counts - expected) ** 2 / expected).sum() < 65.2
+
+
+def test_uniform_subset_is_cheap_and_distinct_at_a_million():
+    ids = np.asarray(jax.jit(lambda k: uniform_subset(k, 1_000_000, 2000))(jax.random.key(5)))
+    assert len(np.unique(ids)) == 2000 and ids.min() >= 0 and ids.max() < 1_000_000
+    # the whole range is reached: the m draws spread like a uniform sample's order statistics
+    assert abs(np.mean(ids) - 500_000) < 4 * 1_000_000 / np.sqrt(12 * 2000)
+    full = np.asarray(uniform_subset(jax.random.key(6), 5, 5))
+    np.testing.assert_array_equal(full, np.arange(5))
+    with pytest.raises(ConfigError, match="m=6, n=5"):
+        uniform_subset(jax.random.key(0), 5, 6)

@@ -449,6 +449,16 @@ def test_client_batch_losses_in_chunks_match_numpy():
             rows = np.asarray(jax.random.randint(jax.random.fold_in(key, int(c)), (8,), 0, n))
         ref = np.mean(numpy_rows(xs[c][rows], ys[c][rows])[0])
         np.testing.assert_allclose(whole[i], ref, rtol=2e-5, err_msg=f"slot {i}")
+    # chunks of small clients only skip the draws (none would be used): the same losses as
+    # the slots of the same clients above, computed in chunks that drew
+    small = jnp.asarray([3, 7, 0, 2, 3])
+    skipped = np.asarray(client_batch_losses(model, params, data, small, key, 8, chunk=2))
+    drawn = {int(c): whole[i] for i, c in enumerate(np.asarray(listed))}
+    expected = np.asarray([drawn[int(c)] for c in np.asarray(small)])
+    if jax.default_backend() == "cpu":
+        np.testing.assert_array_equal(skipped, expected)
+    else:
+        np.testing.assert_allclose(skipped, expected, rtol=1e-6)
 
 
 def test_segment_sums_in_any_batch_size_match_numpy():

@@ -38,6 +38,7 @@ import jax.numpy as jnp
 
 from fedjax_sel.base import Array, ConfigError, PRNGKey
 from fedjax_sel.kernels.affinity import squared_distances
+from fedjax_sel.kernels.sampling import uniform_subset
 
 
 class KMeansResult(NamedTuple):
@@ -202,7 +203,7 @@ def kmeans(
     fit_x = x
     if 0 < sample < n:
         key, k_sample = jax.random.split(key)
-        fit_x = x[jax.random.permutation(k_sample, n)[:sample]]
+        fit_x = x[uniform_subset(k_sample, n, sample)]
 
     def one(key):
         return lloyd(fit_x, kmeans_plusplus(key, fit_x, k, num_trials), max_iter, tol)

@@ -15,7 +15,10 @@ Its top eigenvectors come from ``F^T F = V Lambda V^T`` (``r x r``): with
 ``F = U_F Lambda^{1/2} V^T``, ``M = U_F T U_F^T`` where ``T = Lambda^{1/2} V^T G V Lambda^{1/2}``,
 so ``eigh(T) = Z Theta Z^T`` gives ``U = F V Lambda^{-1/2} Z``. Directions with
 ``lambda < rel_tol * max(lambda)`` are dropped (duplicate landmarks, identical clients).
-With ``m = K`` landmarks the factorisation reproduces the exact path. Negative kernel values
+``F`` is not formed either: its column blocks are row scalings of ``C``
+(:class:`LandmarkFactor`), so ``F^T F`` is assembled from ``C``'s weighted Gram blocks and ``U``
+from one product with ``C``. With ``m = K`` landmarks the factorisation reproduces the exact
+path. Negative kernel values
 (cosine, sigmoid) are clipped to 0 in both blocks, as the exact path clips ``S``; the product
 ``K_hat`` can still hold small negative entries, so degrees are clamped at zero.
 
@@ -28,12 +31,14 @@ the dependency goes one way.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from fedjax_sel.base import Array, ConfigError, PRNGKey
 from fedjax_sel.kernels.affinity import check_affinity, kernel_and_gamma, kernel_values
+from fedjax_sel.kernels.sampling import uniform_subset
 
 
 def pseudo_inverse_sym(a: Array, rel_tol: float = 1e-6) -> Array:
@@ -44,6 +49,25 @@ def pseudo_inverse_sym(a: Array, rel_tol: float = 1e-6) -> Array:
     return (vecs * inv[None, :]) @ vecs.T
 
 
+class LandmarkFactor(NamedTuple):
+    """``D^{-1/2} S D^{-1/2} ~= F G F^T`` with ``F = [diag(s_1) C, ..., diag(s_j) C]``: every
+    column block of ``F`` is a row scaling of the one kernel block ``C``, so ``F`` (``K x j m``)
+    is never formed (module docstring).
+
+    Attributes:
+      c: float32[K, m] the kernel block ``k(X, L)`` (negative values clipped).
+      scales: float32[j, K] the row scalings ``s_i`` (``j = 1``: ``d^{-1/2}``; eq. 4's
+        row-normalised RBF, ``j = 2``: ``d^{-1/2} / r`` and ``d^{-1/2}``).
+      g: float32[j m, j m] the symmetric middle matrix ``G``.
+      inv_sqrt_degree: float32[K] ``d^{-1/2}``.
+    """
+
+    c: Array
+    scales: Array
+    g: Array
+    inv_sqrt_degree: Array
+
+
 def landmark_factor(
     x: Array,
     landmarks: Array,
@@ -52,8 +76,8 @@ def landmark_factor(
     gamma: float = 1.0,
     coef0: float = 1.0,
     row_normalize: bool | None = None,
-) -> tuple[Array, Array, Array]:
-    """``(F, G, d^{-1/2})`` with ``D^{-1/2} S D^{-1/2} ~= F G F^T`` (module docstring).
+) -> LandmarkFactor:
+    """The factor ``F G F^T`` of ``D^{-1/2} S D^{-1/2}`` (:class:`LandmarkFactor`).
 
     Args:
       x: float32[K, D] rows.
@@ -78,20 +102,12 @@ def landmark_factor(
     if row_normalize:
         r = k_hat(ones)
         r = jnp.maximum(r, 1e-6 * jnp.mean(jnp.abs(r)) + 1e-30)
-        deg = 0.5 * (1.0 + k_hat(1.0 / r))
-        inv_sqrt = _inv_sqrt(deg)
-        # F in one elementwise pass over C broadcast to K x 2 x m (one XLA loop writes F):
-        # scaling a concatenation of R^{-1} C and C keeps the halves, the concatenation and F
-        # alive at once (4 K x m arrays; concatenating scaled halves still materialises the
-        # concatenation). The same operations per entry.
-        cc = jnp.broadcast_to(c[:, None, :], (c.shape[0], 2, c.shape[1]))
-        first = jnp.asarray([True, False])[None, :, None]
-        f = jnp.where(first, cc / r[:, None, None], cc) * inv_sqrt[:, None, None]
-        f = f.reshape(c.shape[0], 2 * c.shape[1])
+        inv_sqrt = _inv_sqrt(0.5 * (1.0 + k_hat(1.0 / r)))
         z = jnp.zeros_like(a)
-        return f, 0.5 * jnp.block([[z, a], [a, z]]), inv_sqrt
+        g = 0.5 * jnp.block([[z, a], [a, z]])
+        return LandmarkFactor(c, jnp.stack([inv_sqrt / r, inv_sqrt]), g, inv_sqrt)
     inv_sqrt = _inv_sqrt(k_hat(ones))
-    return c * inv_sqrt[:, None], a, inv_sqrt
+    return LandmarkFactor(c, inv_sqrt[None], a, inv_sqrt)
 
 
 def _inv_sqrt(deg: Array) -> Array:
@@ -100,10 +116,22 @@ def _inv_sqrt(deg: Array) -> Array:
 
 
 def lowrank_top_eigenvectors(
-    f: Array, g: Array, k: int, rel_tol: float = 1e-6
+    factor: LandmarkFactor, k: int, rel_tol: float = 1e-6
 ) -> tuple[Array, Array]:
-    """Top-``k`` eigenpairs ``(values desc, vectors[K, k])`` of ``F G F^T`` (``G`` symmetric)."""
-    lam, v = jnp.linalg.eigh(f.T @ f)
+    """Top-``k`` eigenpairs ``(values desc, vectors[K, k])`` of ``F G F^T`` (``G`` symmetric).
+
+    ``F^T F`` is assembled from its blocks ``(s_i C)^T (s_j C)``, ``i <= j`` (3 ``K m^2``
+    products for eq. 4's two blocks, not the 4 of a ``K x 2m`` Gram matrix), and ``F Q`` as
+    ``sum_i s_i (C Q_i)`` from one product ``C [Q_1, ..., Q_j]``: no ``K x j m`` array.
+    """
+    c, scales, g, _ = factor
+    j, m = scales.shape[0], c.shape[1]
+    scaled = [c * s[:, None] for s in scales]
+    blocks = {(a, b): scaled[a].T @ scaled[b] for a in range(j) for b in range(a, j)}
+    gram = jnp.block(
+        [[blocks[(a, b)] if a <= b else blocks[(b, a)].T for b in range(j)] for a in range(j)]
+    )
+    lam, v = jnp.linalg.eigh(gram)
     keep = lam > rel_tol * jnp.max(lam)
     root = jnp.where(keep, jnp.sqrt(jnp.where(keep, lam, 1.0)), 0.0)
     inv_root = jnp.where(keep, 1.0 / jnp.where(keep, root, 1.0), 0.0)
@@ -111,13 +139,16 @@ def lowrank_top_eigenvectors(
     t = root[:, None] * vg * root[None, :]
     theta, z = jnp.linalg.eigh(0.5 * (t + t.T))
     order = jnp.argsort(-theta)[:k]
-    return theta[order], f @ (v @ (inv_root[:, None] * z[:, order]))
+    q = v @ (inv_root[:, None] * z[:, order])  # (j m) x k: U = F q
+    cq = c @ jnp.concatenate([q[i * m : (i + 1) * m] for i in range(j)], axis=1)
+    vectors = sum(scales[i][:, None] * cq[:, i * k : (i + 1) * k] for i in range(j))
+    return theta[order], vectors
 
 
 def landmark_indices(key: PRNGKey, num_clients: int, num_landmarks: int) -> Array:
-    """``min(m, K)`` distinct client ids drawn uniformly (int32)."""
-    m = min(num_landmarks, num_clients)
-    return jax.random.choice(key, num_clients, (m,), replace=False).astype(jnp.int32)
+    """``min(m, K)`` distinct client ids, a uniformly random subset in increasing order (int32;
+    :func:`~fedjax_sel.kernels.sampling.uniform_subset`, ``O(m^2)``, nothing of order K)."""
+    return uniform_subset(key, num_clients, min(num_landmarks, num_clients))
 
 
 @functools.partial(
@@ -152,6 +183,6 @@ def landmark_eigenpairs(
     if not 1 <= num_components <= n:
         raise ConfigError(f"spectral embedding needs 1 <= components <= {n}, got {num_components}")
     ids = landmark_indices(key, n, num_landmarks) if landmarks is None else landmarks
-    f, g, inv_sqrt = landmark_factor(x, x[ids], kind, gamma=gamma, coef0=coef0)
-    vals, vecs = lowrank_top_eigenvectors(f, g, num_components)
-    return vals, vecs, inv_sqrt
+    factor = landmark_factor(x, x[ids], kind, gamma=gamma, coef0=coef0)
+    vals, vecs = lowrank_top_eigenvectors(factor, num_components)
+    return vals, vecs, factor.inv_sqrt_degree

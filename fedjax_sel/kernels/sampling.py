@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from fedjax_sel.base import Array, PRNGKey
+from fedjax_sel.base import Array, ConfigError, PRNGKey
 
 
 def gumbel_top_k(
@@ -38,6 +38,29 @@ def gumbel_top_k(
 def uniform_without_replacement(key: PRNGKey, eligible: Array, k: int) -> tuple[Array, Array]:
     """``k`` distinct indices drawn uniformly among ``eligible`` (bool[K]) ones."""
     return gumbel_top_k(key, jnp.zeros(eligible.shape, jnp.float32), k, eligible)
+
+
+def uniform_subset(key: PRNGKey, n: int, m: int) -> Array:
+    """``m`` distinct indices of ``range(n)`` forming a uniformly random ``m``-subset, in
+    increasing order (int32[m]; static ``1 <= m <= n``).
+
+    Floyd's algorithm (Bentley and Floyd 1987): for ``j = n - m, ..., n - 1`` draw ``t`` uniform
+    in ``[0, j]`` and keep ``t``, or ``j`` when ``t`` is already kept. It costs ``O(m^2)`` and
+    nothing of order ``n``: ``jax.random.choice(..., replace=False)`` permutes all ``n``
+    (sorting rounds over ``n`` keys: about 0.9 s per draw at ``n = 10^6`` on a 2-core CPU, which
+    FedCVR-Bolt's landmark path paid twice a round, for its landmarks and its k-means sample).
+    """
+    if not 1 <= m <= n:
+        raise ConfigError(f"uniform_subset needs 1 <= m <= n, got m={m}, n={n}")
+    tops = jnp.arange(n - m, n, dtype=jnp.int32)
+    draws = jax.random.randint(key, (m,), 0, tops + 1, dtype=jnp.int32)
+    slots = jnp.arange(m)
+
+    def keep(i, kept):
+        taken = jnp.any((kept == draws[i]) & (slots < i))
+        return kept.at[i].set(jnp.where(taken, tops[i], draws[i]))
+
+    return jnp.sort(jax.lax.fori_loop(0, m, keep, jnp.full((m,), -1, jnp.int32)))
 
 
 def masked_softmax(logits: Array, mask: Array) -> Array:

@@ -202,16 +202,26 @@ def client_batch_losses(
         )
         return out.reshape(-1)[:n]
 
-    def one(client):
-        count = data.counts[client]
-        k = jax.random.fold_in(key, client)
-        pos = jnp.where(
-            count <= batch_size,
-            jnp.arange(batch_size),
-            jax.random.randint(k, (batch_size,), 0, jnp.maximum(count, 1)),
-        )
+    def one(client, draw: bool):
+        pos = jnp.arange(batch_size)
+        if draw:
+            count = data.counts[client]
+            k = jax.random.fold_in(key, client)
+            pos = jnp.where(
+                count <= batch_size,
+                pos,
+                jax.random.randint(k, (batch_size,), 0, jnp.maximum(count, 1)),
+            )
         x, y, mask = data.gather(client, pos)
         loss = model.loss(model.apply(params, x), y)
         return jnp.sum(loss * mask) / jnp.maximum(jnp.sum(mask), 1)
 
-    return jax.vmap(one)(jnp.asarray(clients, jnp.int32))
+    # where no listed client holds more than a minibatch, every draw would be discarded: skip
+    # them (the same positions, so the same losses; about 0.7 s of a 2.4 s call at 10^6
+    # clients of 20 examples, benchmarks/results/cpu/cafed_batch_loss.json)
+    return jax.lax.cond(
+        jnp.all(data.counts[clients] <= batch_size),
+        jax.vmap(lambda c: one(c, False)),
+        jax.vmap(lambda c: one(c, True)),
+        clients,
+    )

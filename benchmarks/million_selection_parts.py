@@ -1,0 +1,176 @@
+"""The per-round selection work of FedCVR-Bolt and CA-Fed at a million clients, part by part,
+as `fedjax-sel bench scale` runs them (`fedjax_sel/bench/scale.py`): where their rounds spend
+the time that keeps them above the 2-second goal.
+
+* FedCVR-Bolt (landmark coalitions, m = 128, k-means fitted on 20 clients per coalition): the
+  landmark draw, the landmark eigenpairs (kernel block, factor, Gram blocks, embedding), the
+  k-means (the sample's fit and the assignments of every client) and the whole
+  ``spectral_clustering``, on K sketches of ``D = 100`` coordinates around ``P = 100`` planted
+  directions (row-normalised, as the strategy feeds them).
+* CA-Fed's loss signal: one minibatch loss (32 examples) of each of the K clients under one
+  logistic-regression model, on padded clients of 1 to 20 examples of 60 features (the scale
+  benchmark's LEAF Synthetic shape).
+
+Each part is timed ``--repeats`` times after a compiling call; the minimum is kept. The script
+uses public functions only, so the same file times an older checkout: run it with
+``PYTHONPATH=<checkout>`` and ``--label`` to add that checkout's rows to the same JSON::
+
+    python benchmarks/million_selection_parts.py --label after \\
+        --out benchmarks/results/cpu_xeon/million_selection_parts.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_sel.bench.common import machine_info, print_table, write_json_rows
+from fedjax_sel.data.client_data import ClientData
+from fedjax_sel.kernels import kmeans as kmeans_lib
+from fedjax_sel.kernels import nystrom
+from fedjax_sel.kernels.affinity import normalize_rows, squared_distances
+from fedjax_sel.kernels.spectral import CoalitionConfig, scale_embedding, spectral_clustering
+from fedjax_sel.models import make_model
+from fedjax_sel.training.evaluate import client_batch_losses
+
+LANDMARKS = 128
+COALITIONS = 100
+SKETCH_DIM = 100
+KMEANS_SAMPLE = 20 * COALITIONS
+FEATURES, CLASSES, MAX_EXAMPLES, LOSS_BATCH = 60, 10, 20, 32
+
+
+def timed(fn, *args, repeats: int) -> float:
+    jax.block_until_ready(fn(*args))
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def fedcvr_parts(num_clients: int, repeats: int) -> list[dict]:
+    keys = jax.random.split(jax.random.key(0), 3)
+    centers = jax.random.normal(keys[0], (COALITIONS, SKETCH_DIM))
+    group = jax.random.randint(keys[1], (num_clients,), 0, COALITIONS)
+    table = normalize_rows(
+        centers[group] + 0.5 * jax.random.normal(keys[2], (num_clients, SKETCH_DIM))
+    )
+    key = jax.random.key(1)
+    eig = jax.jit(
+        lambda x, k: nystrom.landmark_eigenpairs(x, COALITIONS, k, num_landmarks=LANDMARKS)
+    )
+    _, vecs, inv_sqrt = eig(table, key)
+    points = scale_embedding(vecs, inv_sqrt, "degree")
+    fit = kmeans_lib.kmeans(key, points, COALITIONS, sample=KMEANS_SAMPLE)
+    config = CoalitionConfig(method="landmark", landmarks=LANDMARKS)
+    parts = {
+        "landmark draw": (
+            jax.jit(lambda k: nystrom.landmark_indices(k, num_clients, LANDMARKS)),
+            (key,),
+        ),
+        "landmark eigenpairs": (eig, (table, key)),
+        "k-means (sample fit + every client)": (
+            jax.jit(lambda p, k: kmeans_lib.kmeans(k, p, COALITIONS, sample=KMEANS_SAMPLE)),
+            (points, key),
+        ),
+        "spectral_clustering (whole)": (
+            jax.jit(lambda x, k: spectral_clustering(x, COALITIONS, k, config)),
+            (table, key),
+        ),
+    }
+    # the assignment alone: every client's nearest fitted center (k-means runs two)
+    parts["one assignment of every client"] = (
+        jax.jit(lambda p, c: jnp.argmin(squared_distances(p, c), axis=1)),
+        (points, fit.centers),
+    )
+    return [
+        {"strategy": "fedcvr_bolt", "part": name, "seconds": timed(fn, *args, repeats=repeats)}
+        for name, (fn, args) in parts.items()
+    ]
+
+
+def ca_fed_parts(num_clients: int, repeats: int) -> list[dict]:
+    keys = jax.random.split(jax.random.key(2), 3)
+    data = ClientData(
+        x=jax.random.normal(keys[0], (num_clients, MAX_EXAMPLES, FEATURES)),
+        y=jax.random.randint(keys[1], (num_clients, MAX_EXAMPLES), 0, CLASSES),
+        counts=jax.random.randint(keys[2], (num_clients,), 1, MAX_EXAMPLES + 1),
+        offsets=jnp.zeros((num_clients,), jnp.int32),
+        layout="padded",
+    )
+    model = make_model("logreg", input_shape=(FEATURES,), num_classes=CLASSES)
+    params = model.init(jax.random.key(3))
+    clients = jnp.arange(num_clients, dtype=jnp.int32)
+    losses = jax.jit(lambda p, k: client_batch_losses(model, p, data, clients, k, LOSS_BATCH))
+    return [
+        {
+            "strategy": "ca_fed",
+            "part": f"minibatch loss ({LOSS_BATCH}) of every client",
+            "seconds": timed(losses, params, jax.random.key(4), repeats=repeats),
+        }
+    ]
+
+
+def commit(source: str) -> str:
+    try:
+        return subprocess.run(
+            ["git", "-C", source, "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--clients", type=int, default=1_000_000)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--label", default="this checkout", help="names these rows in the JSON")
+    ap.add_argument("--out", help="JSON file; rows of other labels already there are kept")
+    a = ap.parse_args()
+    rows = fedcvr_parts(a.clients, a.repeats) + ca_fed_parts(a.clients, a.repeats)
+    import fedjax_sel
+
+    source = str(Path(fedjax_sel.__file__).resolve().parent.parent)
+    for r in rows:
+        r.update(label=a.label, clients=a.clients)
+    print_table(
+        rows,
+        [
+            ("label", "label", "{}"),
+            ("strategy", "strategy", "{}"),
+            ("part", "part", "{}"),
+            ("K", "clients", "{:,}"),
+            ("seconds", "seconds", "{:.3f}"),
+        ],
+    )
+    if a.out:
+        old = json.loads(Path(a.out).read_text()) if Path(a.out).is_file() else {"runs": []}
+        runs = [r for r in old["runs"] if r["label"] != a.label]
+        runs.append(
+            {
+                "label": a.label,
+                "source": source,
+                "commit": commit(source),
+                "machine": machine_info(),
+                "repeats": a.repeats,
+                "rows": rows,
+            }
+        )
+        write_json_rows(
+            a.out, {"command": "python benchmarks/million_selection_parts.py", "runs": runs}
+        )
+
+
+if __name__ == "__main__":
+    main()
