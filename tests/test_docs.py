@@ -309,10 +309,6 @@ _NOT_YET_RECOMPUTED = {
     "ca_fed/paper-paper": "no per_seed.json: committed before it existed",
     "ca_fed/paper-paper-mnist": "no per_seed.json: committed before it existed",
     "ca_fed/code-paper-mnist": "no per_seed.json: committed before it existed",
-    "ca_fed/paper-cpu": "committed before its mechanism, Fig. 1d, Fig. 5 numbers and tuning "
-    "scores went into per_seed.json",
-    "ca_fed/code-cpu": "committed before its mechanism, Fig. 1d, Fig. 5 numbers and tuning "
-    "scores went into per_seed.json",
     "ca_fed/code-paper": "committed before its mechanism and tuning scores went into "
     "per_seed.json; adafed_lr_sensitivity.json and ca_fed_vs_unbiased.json are not in it",
     "ca_fed/code-paper-fig5": "committed before its mechanism and Fig. 5 numbers went into "
