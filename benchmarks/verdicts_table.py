@@ -62,7 +62,12 @@ def notes() -> list[str]:
                 seen.setdefault(note, [])
                 if where not in seen[note]:
                     seen[note].append(where)
-    return [f"- {'; '.join(w)}: {note}" for note, w in seen.items()]
+    lines = [f"- {'; '.join(w)}: {note}" for note, w in seen.items()]
+    for paper in PAPERS:
+        for path in sorted((RESULTS / paper).glob("*/verdicts.json")):
+            if reason := not_counted(path.parent):
+                lines.append(f"- `{paper}/{path.parent.name}` is not counted: {reason}")
+    return lines
 
 
 def _claim(v: dict) -> str:
@@ -79,9 +84,24 @@ def claim_key(paper: str, v: dict) -> tuple:
             v["baseline"])  # fmt: skip
 
 
+def not_counted(folder: Path) -> str | None:
+    """Why a folder's verdict rows do not test the paper's claims (``run_info.json``'s
+    ``not_counted``, e.g. a sensitivity run at a learning rate the reproduction did not
+    choose), or ``None``: such rows are recomputed like any others but neither counted nor
+    listed."""
+    info = folder / "run_info.json"
+    return json.loads(info.read_text()).get("not_counted") if info.is_file() else None
+
+
 def verdict_files() -> list[tuple[str, Path]]:
-    """``(paper, path)`` of every committed ``verdicts.json``, papers in :data:`PAPERS` order."""
-    return [(p, path) for p in PAPERS for path in sorted((RESULTS / p).glob("*/verdicts.json"))]
+    """``(paper, path)`` of every committed ``verdicts.json`` that tests the paper's claims
+    (:func:`not_counted`), papers in :data:`PAPERS` order."""
+    return [
+        (p, path)
+        for p in PAPERS
+        for path in sorted((RESULTS / p).glob("*/verdicts.json"))
+        if not not_counted(path.parent)
+    ]
 
 
 def _entries() -> list[tuple[str, str, dict]]:

@@ -357,10 +357,11 @@ def test_tuning_picks_the_best_grid_point_per_strategy(monkeypatch, tmp_path):
 
 
 def test_tiny_end_to_end_verdicts_and_cache(tiny, tmp_path, capsys, check_pinned):
-    """The code profile's Fig. 1 Synthetic at a tiny size with CA-Fed and AdaFed on 3 paired
-    seeds (given learning rates): verdicts.json has the required fields and the paired
-    interval recomputed from the run folders, tables and diagnostics are written, a rerun
-    reuses every cell, and a changed number of rounds is recomputed."""
+    """The code profile's Fig. 1 Synthetic at a tiny size with CA-Fed, AdaFed and Unbiased on
+    3 paired seeds (given learning rates): verdicts.json has the required fields and the paired
+    interval recomputed from the run folders, the exclusions' effect (CA-Fed - Unbiased) too,
+    tables and diagnostics are written, a rerun reuses every cell, and a changed number of
+    rounds is recomputed."""
     out = tmp_path / "out"
     kw = dict(
         seeds=3,
@@ -368,14 +369,15 @@ def test_tiny_end_to_end_verdicts_and_cache(tiny, tmp_path, capsys, check_pinned
         size="cpu",
         profile="code",
         parts=("fig1_synthetic",),
-        methods=("ca_fed", "adafed"),
+        methods=("ca_fed", "adafed", "unbiased"),
         tune=False,
-        lrs="synthetic.ca_fed=0.05/0.5;synthetic.adafed=0.05/1",
+        lrs="synthetic.ca_fed=0.05/0.5;synthetic.adafed=0.05/1;synthetic.unbiased=0.05/0.5",
     )
     results = REPRODUCTIONS.build("ca-fed", **kw)
     assert results["learning_rates"]["chosen"] == {
         "synthetic.adafed": [0.05, 1.0],
         "synthetic.ca_fed": [0.05, 0.5],
+        "synthetic.unbiased": [0.05, 0.5],
     }
     optima = results["fitted_optima"]["synthetic, N = 6"]
     assert 0 <= optima["min"] <= optima["max"] and optima["max"] > 0
@@ -406,23 +408,32 @@ def test_tiny_end_to_end_verdicts_and_cache(tiny, tmp_path, capsys, check_pinned
     assert row["diff_mean"] == pytest.approx(d.mean(), abs=1e-6)
     half = 4.302652729911275 * d.std(ddof=1) / np.sqrt(3)  # t(0.975, 2)
     assert row["diff_ci_high"] - row["diff_ci_low"] == pytest.approx(2 * half, rel=1e-6)
+    effect = results["exclusion_effect"]["synthetic"]
+    e = np.array([finals[("CA-Fed", s)] - finals[("Unbiased", s)] for s in range(3)])
+    assert effect["mean"] == pytest.approx(e.mean(), abs=1e-6)
+    half = 4.302652729911275 * e.std(ddof=1) / np.sqrt(3)
+    assert effect["ci_high"] - effect["ci_low"] == pytest.approx(2 * half, rel=1e-6)
     text = (out / "tables.md").read_text()
     assert "Fig. 1d" in text and "Verdicts" in text and "less available, correlated" in text
+    assert "CA-Fed - Unbiased (the exclusions alone)" in text
     mech = results["mechanism"]["synthetic / CA-Fed"]
     assert mech["excluded"] is not None and mech["q_sum"] > 0
     assert results["mechanism"]["synthetic / AdaFed"]["q_sum"] == pytest.approx(1.0, rel=1e-5)
     assert set(results["fig1d"]["CA-Fed"]["cumulative_weight"]) == set(CLASS_NAMES)
     per_seed = json.loads((out / "per_seed.json").read_text())
     check_pinned(per_seed, PINNED_TINY_VALUES)
-    # the mechanism rows and Fig. 1d's class weights come back from per_seed.json alone
+    # the mechanism rows, Fig. 1d's class weights and the exclusions' effect come back from
+    # per_seed.json alone
     stats = per_seed_stats_in(json.loads((out / "results.json").read_text()))
     assert {st["from_per_seed"].get("derive") for st in stats} == {
-        "fedjax_sel.reproduce.ca_fed:class_shares", "fedjax_sel.reproduce.ca_fed:class_weights",
-    }  # fmt: skip
+        None,
+        "fedjax_sel.reproduce.ca_fed:class_shares",
+        "fedjax_sel.reproduce.ca_fed:class_weights",
+    }
     assert not not_recomputed(json.loads((out / "results.json").read_text()), per_seed["cells"])
     capsys.readouterr()
     REPRODUCTIONS.build("ca-fed", **kw)
-    assert "6 of 6 cells already finished" in capsys.readouterr().out
+    assert "9 of 9 cells already finished" in capsys.readouterr().out
     # a changed size (rounds) is not served from the cache
     rep.SCALES["cpu"] = dataclasses.replace(rep.SCALES["cpu"], rounds=2)
     REPRODUCTIONS.build("ca-fed", **{**kw, "methods": ("adafed",)})

@@ -133,7 +133,8 @@ def test_readme_verdict_summary_cites_the_summary_counts():
 def test_a_claim_rerun_with_more_seeds_counts_once(tmp_path, monkeypatch):
     """A table rerun into another folder with more seeds decides its claims: the summary counts
     each claim once (the most seeds), unadjusted and Holm-adjusted over the paper's family, the
-    page keeps both rows and marks the other one; a not-evidence row is kept out of the claims."""
+    page keeps both rows and marks the other one; a not-evidence row is kept out of the claims,
+    and a folder marked ``not_counted`` (a sensitivity run) out of the rows, with a note."""
     gen = _verdicts_table()
 
     def row(claim, seeds, verdict, p_zero, p_paper, diff=0.5, baseline="B", premise=None):
@@ -151,9 +152,13 @@ def test_a_claim_rerun_with_more_seeds_counts_once(tmp_path, monkeypatch):
         row("T5", 10, "not_evidence", 0.5, 0.5, premise="the model stays at chance"),
     ]
     rerun = [row("T4", 20, "reproduced", 0.03, 0.4)]
-    for folder, rows in (("paper-cpu", first), ("paper-cpu-t4", rerun)):
+    # a sensitivity run with still more seeds, marked as not testing the claims: left out
+    sensitivity = [row("T4", 30, "not_reproduced", 0.5, 0.001)]
+    for folder, rows in (("paper-cpu", first), ("paper-cpu-t4", rerun), ("lr", sensitivity)):
         (tmp_path / "filfl" / folder).mkdir(parents=True)
         (tmp_path / "filfl" / folder / "verdicts.json").write_text(json.dumps(rows))
+    info = {"not_counted": "a sensitivity run at a learning rate not chosen"}
+    (tmp_path / "filfl" / "lr" / "run_info.json").write_text(json.dumps(info))
     monkeypatch.setattr(gen, "RESULTS", tmp_path)
     monkeypatch.setattr(gen, "ROOT", tmp_path)
     _, lines, counts = gen.rows()
@@ -173,6 +178,9 @@ def test_a_claim_rerun_with_more_seeds_counts_once(tmp_path, monkeypatch):
         gen.summary_table()
     )
     assert any("not evidence: the model stays at chance" in n for n in gen.notes())
+    assert "- `filfl/lr` is not counted: a sensitivity run at a learning rate not chosen" in (
+        gen.notes()
+    )
 
 
 def test_every_committed_verdict_follows_from_its_own_interval():
@@ -188,9 +196,9 @@ def test_every_committed_verdict_follows_from_its_own_interval():
         verdict,
     )
 
-    gen = _verdicts_table()
+    reproduce = ROOT / "benchmarks" / "results" / "reproduce"
     checked = 0
-    for _, path in gen.verdict_files():
+    for path in sorted(reproduce.glob("*/*/verdicts.json")):  # those not counted too
         rows = json.loads(path.read_text())
         per_seed = path.parent / "per_seed.json"
         if per_seed.is_file():
@@ -302,6 +310,9 @@ _RESULT_INPUTS = {
     "premise", "premise_holds", "profile", "scale", "seeds", "settings", "size", "t1_theta_scale",
     "table1_methods", "table1_seeds", "table3_rows", "tasks",
 }  # fmt: skip
+_RATE_INPUTS = {
+    "client_grid", "server_grid", "fixed_server_lr", "tune_rounds", "tune_seeds", "given",
+}  # fmt: skip
 # Reproduction folders whose docs still quote numbers that their committed per-seed files do not
 # give back, and why. Each must still have such a number (a folder that no longer does leaves
 # this list); a number of any other folder that is not recomputed fails.
@@ -309,8 +320,6 @@ _NOT_YET_RECOMPUTED = {
     "ca_fed/paper-paper": "no per_seed.json: committed before it existed",
     "ca_fed/paper-paper-mnist": "no per_seed.json: committed before it existed",
     "ca_fed/code-paper-mnist": "no per_seed.json: committed before it existed",
-    "ca_fed/code-paper": "committed before its mechanism and tuning scores went into "
-    "per_seed.json; adafed_lr_sensitivity.json and ca_fed_vs_unbiased.json are not in it",
     "ca_fed/code-paper-fig5": "committed before its mechanism and Fig. 5 numbers went into "
     "per_seed.json",
     "ca_fed/paper-paper-fig2a": "committed before its exclusion counts and tuning scores went "
@@ -354,6 +363,9 @@ def _recomputed_and_other_values(f: str) -> tuple[list[float], list[float], str 
         good = {k: v for k, v in data.items() if k in _RESULT_INPUTS}
         rest = {k: v for k, v in data.items() if k not in _RESULT_INPUTS}
         good["paper's numbers"] = _pop_paper_numbers(rest)
+        # CA-Fed's learning rates: the grids and the rates a run was given are its inputs
+        rates = rest.get("learning_rates", {})
+        good["rates given"] = {k: v for k, v in rates.items() if k in _RATE_INPUTS}
         if has_per_seed:
             good["verdicts"] = rest.pop("verdicts", [])
             good["stats"] = per_seed_stats_in(rest)
