@@ -47,8 +47,9 @@ def uniform_subset(key: PRNGKey, n: int, m: int) -> Array:
     Floyd's algorithm (Bentley and Floyd 1987): for ``j = n - m, ..., n - 1`` draw ``t`` uniform
     in ``[0, j]`` and keep ``t``, or ``j`` when ``t`` is already kept. It costs ``O(m^2)`` and
     nothing of order ``n``: ``jax.random.choice(..., replace=False)`` permutes all ``n``
-    (sorting rounds over ``n`` keys: about 0.9 s per draw at ``n = 10^6`` on a 2-core CPU, which
-    FedCVR-Bolt's landmark path paid twice a round, for its landmarks and its k-means sample).
+    (sorting rounds over ``n`` keys: 0.755 s per draw at ``n = 10^6`` on a 2-core Intel Xeon,
+    ``benchmarks/results/cpu_xeon/million_selection_parts.json``), which FedCVR-Bolt's landmark
+    path paid twice a round, for its landmarks and its k-means sample.
     """
     if not 1 <= m <= n:
         raise ConfigError(f"uniform_subset needs 1 <= m <= n, got m={m}, n={n}")
