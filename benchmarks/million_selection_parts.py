@@ -24,13 +24,13 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 
-from fedjax_sel.bench.common import machine_info, print_table, write_json_rows
+import fedjax_sel
+from fedjax_sel.bench.common import machine_info, print_table, time_call, write_json_rows
 from fedjax_sel.data.client_data import ClientData
 from fedjax_sel.kernels import kmeans as kmeans_lib
 from fedjax_sel.kernels import nystrom
@@ -47,13 +47,8 @@ FEATURES, CLASSES, MAX_EXAMPLES, LOSS_BATCH = 60, 10, 20, 32
 
 
 def timed(fn, *args, repeats: int) -> float:
-    jax.block_until_ready(fn(*args))
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        best = min(best, time.perf_counter() - t0)
-    return best
+    """The fastest of ``repeats`` calls after a compiling one."""
+    return time_call(lambda: fn(*args), repeats=repeats)["min_seconds"]
 
 
 def fedcvr_parts(num_clients: int, repeats: int) -> list[dict]:
@@ -85,12 +80,12 @@ def fedcvr_parts(num_clients: int, repeats: int) -> list[dict]:
             jax.jit(lambda x, k: spectral_clustering(x, COALITIONS, k, config)),
             (table, key),
         ),
+        # every client's nearest fitted center alone (k-means runs two such assignments)
+        "one assignment of every client": (
+            jax.jit(lambda p, c: jnp.argmin(squared_distances(p, c), axis=1)),
+            (points, fit.centers),
+        ),
     }
-    # the assignment alone: every client's nearest fitted center (k-means runs two)
-    parts["one assignment of every client"] = (
-        jax.jit(lambda p, c: jnp.argmin(squared_distances(p, c), axis=1)),
-        (points, fit.centers),
-    )
     return [
         {"strategy": "fedcvr_bolt", "part": name, "seconds": timed(fn, *args, repeats=repeats)}
         for name, (fn, args) in parts.items()
@@ -139,8 +134,6 @@ def main() -> None:
     ap.add_argument("--out", help="JSON file; rows of other labels already there are kept")
     a = ap.parse_args()
     rows = fedcvr_parts(a.clients, a.repeats) + ca_fed_parts(a.clients, a.repeats)
-    import fedjax_sel
-
     source = str(Path(fedjax_sel.__file__).resolve().parent.parent)
     for r in rows:
         r.update(label=a.label, clients=a.clients)

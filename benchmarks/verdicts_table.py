@@ -63,10 +63,9 @@ def notes() -> list[str]:
                 if where not in seen[note]:
                     seen[note].append(where)
     lines = [f"- {'; '.join(w)}: {note}" for note, w in seen.items()]
-    for paper in PAPERS:
-        for path in sorted((RESULTS / paper).glob("*/verdicts.json")):
-            if reason := not_counted(path.parent):
-                lines.append(f"- `{paper}/{path.parent.name}` is not counted: {reason}")
+    for paper, path in all_verdict_files():
+        if reason := not_counted(path.parent):
+            lines.append(f"- `{paper}/{path.parent.name}` is not counted: {reason}")
     return lines
 
 
@@ -93,15 +92,15 @@ def not_counted(folder: Path) -> str | None:
     return json.loads(info.read_text()).get("not_counted") if info.is_file() else None
 
 
+def all_verdict_files() -> list[tuple[str, Path]]:
+    """``(paper, path)`` of every committed ``verdicts.json``, papers in :data:`PAPERS` order."""
+    return [(p, path) for p in PAPERS for path in sorted((RESULTS / p).glob("*/verdicts.json"))]
+
+
 def verdict_files() -> list[tuple[str, Path]]:
-    """``(paper, path)`` of every committed ``verdicts.json`` that tests the paper's claims
-    (:func:`not_counted`), papers in :data:`PAPERS` order."""
-    return [
-        (p, path)
-        for p in PAPERS
-        for path in sorted((RESULTS / p).glob("*/verdicts.json"))
-        if not not_counted(path.parent)
-    ]
+    """:func:`all_verdict_files` but those :func:`not_counted`: the ones that test the paper's
+    claims."""
+    return [(p, path) for p, path in all_verdict_files() if not not_counted(path.parent)]
 
 
 def _entries() -> list[tuple[str, str, dict]]:

@@ -196,9 +196,9 @@ def test_every_committed_verdict_follows_from_its_own_interval():
         verdict,
     )
 
-    reproduce = ROOT / "benchmarks" / "results" / "reproduce"
+    gen = _verdicts_table()
     checked = 0
-    for path in sorted(reproduce.glob("*/*/verdicts.json")):  # those not counted too
+    for _, path in gen.all_verdict_files():  # those not counted too
         rows = json.loads(path.read_text())
         per_seed = path.parent / "per_seed.json"
         if per_seed.is_file():
