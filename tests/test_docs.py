@@ -322,8 +322,6 @@ _NOT_YET_RECOMPUTED = {
     "ca_fed/code-paper-mnist": "no per_seed.json: committed before it existed",
     "ca_fed/paper-paper-fig2a": "committed before its exclusion counts and tuning scores went "
     "into per_seed.json",
-    "fedcvr_bolt/paper-cpu": "committed before the diagnostics and Table 1's MSE cells went into "
-    "per_seed.json",
 }
 
 
