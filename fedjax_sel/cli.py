@@ -101,9 +101,12 @@ def _seeds_together(value: str | None) -> int | str | None:
     if value is None or value == "auto":
         return value
     try:
-        return int(value)
+        together = int(value)
     except ValueError:
-        raise ConfigError(f"--seeds-together must be 'auto' or a number, got {value!r}") from None
+        together = 0
+    if together < 1:
+        raise ConfigError(f"--seeds-together must be 'auto' or a positive number, got {value!r}")
+    return together
 
 
 def _spec_with_overrides(a: argparse.Namespace, section: str) -> dict:
@@ -343,6 +346,7 @@ def cmd_reproduce(a: argparse.Namespace) -> int:
         size=a.size,
         profile=a.profile,
         data_dir=a.data_dir,
+        seeds_together=_seeds_together(a.seeds_together or "auto"),
         **parse_pairs(a.option, what="--option"),
     )
     return 0
@@ -565,6 +569,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", default=None)
     p.add_argument("--data-dir", default=None, help="local data folder")
+    p.add_argument(
+        "--seeds-together",
+        default=None,
+        help="seeds per vmapped batch (default auto: measured on this machine); a seed's last "
+        "bits can depend on its batch, so fix it to rerun a committed folder bit for bit",
+    )
     p.add_argument(
         "--option",
         action="append",

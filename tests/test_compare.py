@@ -22,7 +22,9 @@ from fedjax_sel.experiment.outputs import write_json
 from fedjax_sel.reproduce.common import (
     holm_verdicts,
     p_values_from_ci,
+    per_seed_cells,
     seeds_to_settle,
+    summarize_per_seed,
     t_test_p,
     verdict,
     verdict_from_p,
@@ -348,3 +350,63 @@ def test_per_seed_means_of_diagnostics_come_back_from_the_per_seed_file(tmp_path
     cells = study.per_seed([])
     assert cells["s/A"]["seeds"]["1"] == {"diagnostic.ratio": 0.75, "diagnostic.sizes": [5.0, 1.0]}
     assert recompute_from_per_seed(cells, means) == means
+
+
+def test_per_seed_cells_record_which_seeds_ran_vmapped_together(tmp_path):
+    """``per_seed.json`` says how each configuration's seeds were batched (a seed's last bits
+    can depend on its batch): every distinct ``seeds_vmapped`` of its runs' ``config.json``,
+    once, sorted; runs whose ``config.json`` does not say add nothing. The means do not read
+    it."""
+    runs = tmp_path / "runs"
+    planted = {"s/A": {0: [0, 1, 2], 1: [2, 0, 1], 2: [0, 1, 2], 3: [4, 3], 4: [3, 4]},
+               "s/B": {0: None, 1: None}}  # fmt: skip
+    for cell, seeds in planted.items():
+        for seed, together in seeds.items():
+            d = runs / cell / f"seed{seed}"
+            d.mkdir(parents=True)
+            write_json(d / "summary.json", {"label": cell[2:], "seed": seed,
+                                            "final_accuracy": 0.5 + 0.01 * seed})  # fmt: skip
+            write_json(d / "config.json", {} if together is None else {"seeds_vmapped": together})
+    cells = per_seed_cells(tmp_path)
+    assert cells["s/A"]["batches"] == [[0, 1, 2], [3, 4]]
+    assert cells["s/B"]["batches"] == []
+    assert list(cells["s/A"]["seeds"]) == ["0", "1", "2", "3", "4"]
+    row = summarize_per_seed(cells)["s/A"]
+    assert row["seeds"] == [0, 1, 2, 3, 4]
+    assert row["final_accuracy"]["mean"] == pytest.approx(100 * (0.5 + 0.02))
+
+
+def test_a_study_runs_its_cells_with_the_batch_it_is_given(tmp_path, monkeypatch, capsys):
+    """``Study(seeds_together=N)`` hands N to ``run_cells`` (default ``"auto"``), and every
+    reproduction accepts the argument, so ``fedjax-sel reproduce --seeds-together N`` reaches
+    the runs; a batch that is not a positive number is refused, naming it."""
+    import inspect
+
+    from fedjax_sel.config import RunConfig
+    from fedjax_sel.reproduce import REPRODUCTIONS
+    from fedjax_sel.reproduce import common as common_lib
+    from fedjax_sel.reproduce.common import Study
+
+    seen = []
+
+    def fake_run_cells(cells, *, seeds_together="auto", **_):
+        seen.append((len(cells), seeds_together))
+        return [None] * len(cells)
+
+    monkeypatch.setattr(common_lib, "run_cells", fake_run_cells)
+    base = RunConfig(dataset="leaf_synthetic", num_clients=10, per_round=2, rounds=2)
+    for together in ("auto", 3):
+        kw = {} if together == "auto" else {"seeds_together": together}
+        study = Study("p", profile="paper", size="cpu", seeds=4, out=tmp_path / str(together), **kw)
+        study.add("s", "A", base)
+        study.run()
+    assert seen == [(4, "auto"), (4, 3)]
+    for name in REPRODUCTIONS:
+        params = inspect.signature(REPRODUCTIONS[name].factory).parameters
+        assert params["seeds_together"].default == "auto", name
+    for bad in ("0", "-2", "many"):
+        argv = ["reproduce", "hetero-select", "--seeds-together", bad, "--out", str(tmp_path)]
+        assert main(argv) == 2
+        assert f"--seeds-together must be 'auto' or a positive number, got '{bad}'" in (
+            capsys.readouterr().err
+        )

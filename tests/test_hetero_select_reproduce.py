@@ -209,11 +209,13 @@ def test_tiny_end_to_end_verdicts_and_cache(tiny, capsys, check_pinned):
         size="cpu",
         profile="paper",
         data_dir=tiny / "data",
+        seeds_together=1,
         tables=("II",),
     )
     # run_info.json: the arguments, the wall time and the machine of the whole reproduction
     info = json.loads((out / "run_info.json").read_text())
     assert info["reproduction"] == "hetero-select" and info["seeds"] == 3
+    assert info["seeds_together"] == 1
     assert (info["profile"], info["size"], info["options"]) == ("paper", "cpu", {"tables": ["II"]})
     assert info["wall_seconds"] > 0 and info["machine"]["backend"] == jax.default_backend()
     rows = json.loads((out / "verdicts.json").read_text())
@@ -254,6 +256,8 @@ def test_tiny_end_to_end_verdicts_and_cache(tiny, capsys, check_pinned):
                 finals[(cell["label"], int(seed))], abs=1e-9
             ), key
     assert summarize_per_seed(per_seed["cells"]) == cells
+    # each seed ran alone (seeds_together=1), and per_seed.json says so
+    assert all(c["batches"] == [[0], [1], [2]] for c in per_seed["cells"].values())
     for r in rows:
         head = {k: r[k] for k in ("paper", "claim", "profile", "size", "setting")}
         again = claim_row(per_seed["cells"], claim_of_row(r), r["arms"], head)

@@ -22,7 +22,7 @@ PROFILES = ("paper", "code")
 
 REPRODUCTIONS = Registry(
     "reproduction",
-    fixed=("seeds", "out", "size", "profile", "data_dir"),
+    fixed=("seeds", "out", "size", "profile", "data_dir", "seeds_together"),
     package="fedjax_sel.reproduce",
 )
 
@@ -67,6 +67,7 @@ def run_reproduction(
     size: str = "cpu",
     seeds: int | None = None,
     data_dir: str | None = None,
+    seeds_together: int | str = "auto",
     **options: Any,
 ) -> dict:
     """Runs reproduction ``name`` (``fedjax-sel reproduce NAME``) and returns its results.
@@ -75,7 +76,9 @@ def run_reproduction(
     time of the whole reproduction and the machine it ran on (how a full-size run's cost is
     reported). A run into a folder that already holds one (resuming it, or adding parts) keeps
     the earlier runs' records under ``earlier_runs`` and their summed cost with this one's in
-    ``total_wall_seconds``. ``seeds=None`` takes the reproduction's default."""
+    ``total_wall_seconds``. ``seeds=None`` takes the reproduction's default.
+    ``seeds_together``: members per vmapped batch (``"auto"``: measured on this machine);
+    recorded in ``run_info.json`` when fixed, and each cell's batches in ``per_seed.json``."""
     from fedjax_sel.bench.common import machine_info
     from fedjax_sel.experiment.outputs import write_json
 
@@ -85,7 +88,14 @@ def run_reproduction(
     kw = {} if seeds is None else {"seeds": seeds}
     start = time.perf_counter()
     results = REPRODUCTIONS.build(
-        name, **kw, out=out, size=size, profile=profile, data_dir=data_dir, **options
+        name,
+        **kw,
+        out=out,
+        size=size,
+        profile=profile,
+        data_dir=data_dir,
+        seeds_together=seeds_together,
+        **options,
     )
     info = {
         "reproduction": name,
@@ -93,6 +103,7 @@ def run_reproduction(
         "size": size,
         "seeds": seeds if seeds is not None else (results or {}).get("seeds"),
         "options": options,
+        **({} if seeds_together == "auto" else {"seeds_together": seeds_together}),
         "wall_seconds": round(time.perf_counter() - start, 1),
         "machine": machine_info(),
         "command": shlex.join(sys.argv) if sys.argv and "fedjax-sel" in sys.argv[0] else None,

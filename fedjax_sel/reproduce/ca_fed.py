@@ -518,7 +518,8 @@ def tune_lrs(
                         Cell(config.replace(seed=seed, label=label).validate(), folder, label)
                     )
                     where.append((dataset, strategy, lr, label, seed))
-    results = run_cells(cells, progress=False, echo=echo)
+    together = study.seeds_together if study is not None else "auto"
+    results = run_cells(cells, seeds_together=together, progress=False, echo=echo)
     # (data set, strategy, lr) -> its label and each tuning seed's tail accuracy
     tails: dict[tuple[str, str, tuple[float, float]], tuple[str, dict[int, float]]] = {}
     for (dataset, strategy, lr, label, seed), r in zip(where, results, strict=True):
@@ -1150,6 +1151,7 @@ def run(
     client_lrs: tuple[float, ...] | None = None,
     server_lrs: tuple[float, ...] | None = None,
     kappas: tuple[float, ...] = KAPPAS,
+    seeds_together: int | str = "auto",
 ) -> dict:
     """Runs the parts (see the module docstring) at ``size`` under ``profile`` and writes
     ``results.json``, ``tables.md``, ``verdicts.json`` and plots under ``out``.
@@ -1186,6 +1188,7 @@ def run(
             seeds=seeds,
             out=out,
             readers={"reference_average": reference_average},
+            seeds_together=seeds_together,
         ),
         tuple(s for s in STRATEGIES if s in methods),
         {},

@@ -211,21 +211,36 @@ PER_SEED_VERSION = 1
 def per_seed_cells(out: str | Path) -> dict[str, dict[str, Any]]:
     """Every configuration run under ``out/runs`` (tuning runs included), seed by seed, from
     its seeds' ``summary.json``: ``{"SETTING/LABEL": {"label", "seeds": {"S": {METRIC:
-    value}}}}`` with the :data:`CELL_METRICS` (raw values, not in %)."""
+    value}}, "batches": [[S, ...], ...]}}`` with the :data:`CELL_METRICS` (raw values, not in
+    %). ``batches``: the seeds that ran vmapped together (each run's ``config.json``), because
+    a seed's last bits can depend on its batch ("Seeds together" in docs/performance.md)."""
     runs = Path(out) / "runs"
     cells: dict[str, dict[str, Any]] = {}
     for path in sorted(runs.glob("**/seed*/summary.json")):
         key = path.parent.parent.relative_to(runs).as_posix()
         summary = json.loads(path.read_text())
-        cell = cells.setdefault(key, {"label": summary.get("label"), "seeds": {}})
-        cell["seeds"][str(summary.get("seed", 0))] = {
+        cell = cells.setdefault(key, {"label": summary.get("label"), "seeds": {}, "batches": []})
+        seed = int(summary.get("seed", 0))
+        cell["seeds"][str(seed)] = {
             m: float(summary[m])
             for m in CELL_METRICS
             if isinstance(summary.get(m), (int, float)) and math.isfinite(summary[m])
         }
+        batch = _seeds_vmapped(path.parent / "config.json")
+        if batch is not None and batch not in cell["batches"]:
+            cell["batches"].append(batch)
     for cell in cells.values():
         cell["seeds"] = dict(sorted(cell["seeds"].items(), key=lambda kv: int(kv[0])))
+        cell["batches"].sort()
     return cells
+
+
+def _seeds_vmapped(config_file: Path) -> list[int] | None:
+    """The seeds a run's ``config.json`` says ran in its batch (a grid's members of other
+    configurations included), or ``None`` where it does not say."""
+    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    together = config.get("seeds_vmapped")
+    return sorted(int(s) for s in together) if together else None
 
 
 def summarize_per_seed(cells: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -448,11 +463,16 @@ class Study:
         echo: Callable = print,
         progress: bool = True,
         readers: dict[str, Callable[[Run, str], float | None]] | None = None,
+        seeds_together: int | str = "auto",
     ):
         """``readers``: metrics of this reproduction's own, ``NAME@ARG`` read by
         ``readers[NAME](run, ARG)`` (the others by :func:`metric_value`); their per-seed values
-        go into ``per_seed.json`` like every claim's metric, so rows rebuild without them."""
+        go into ``per_seed.json`` like every claim's metric, so rows rebuild without them.
+        ``seeds_together``: members per vmapped batch (:func:`run_cells`; ``"auto"`` measures
+        it on this machine). A seed's last bits can depend on its batch, so a rerun that must
+        give the same bits fixes it; ``per_seed.json`` records every cell's batches."""
         self.paper, self.profile, self.size, self.seeds = paper, profile, size, int(seeds)
+        self.seeds_together = seeds_together
         self.readers = dict(readers or {})
         self.out = Path(out)
         self.out.mkdir(parents=True, exist_ok=True)
@@ -490,7 +510,12 @@ class Study:
         todo = [(k, c) for k, cs in self.cells.items() if k not in self.results for c in cs]
         if not todo:
             return
-        results = run_cells([c for _, c in todo], progress=self.progress, echo=self.echo)
+        results = run_cells(
+            [c for _, c in todo],
+            seeds_together=self.seeds_together,
+            progress=self.progress,
+            echo=self.echo,
+        )
         for (key, _), r in zip(todo, results, strict=True):
             self.results.setdefault(key, []).append(r)
 

@@ -531,6 +531,7 @@ def run(
     size: str = "cpu",
     profile: str = "paper",
     data_dir=None,
+    seeds_together: int | str = "auto",
     table1_seeds: int = 20,
     tables: tuple[str, ...] = TABLES,
 ) -> dict:
@@ -547,7 +548,14 @@ def run(
         raise ConfigError(f"fedcvr-bolt: unknown table(s) {sorted(bad)}; known {TABLES}")
     out = output_dir(out)
     scale = SCALES[size]
-    study = BoltStudy("fedcvr_bolt", profile=profile, size=size, seeds=seeds, out=out)
+    study = BoltStudy(
+        "fedcvr_bolt",
+        profile=profile,
+        size=size,
+        seeds=seeds,
+        out=out,
+        seeds_together=seeds_together,
+    )
     results: dict[str, Any] = {
         "scale": dataclasses.asdict(scale),
         "profile": profile,

@@ -648,6 +648,7 @@ def run(
     size: str = "cpu",
     profile: str = "paper",
     data_dir=None,
+    seeds_together: int | str = "auto",
     parts: tuple[Part, ...] = DEFAULT_PARTS,  # type: ignore[assignment]
 ) -> dict:
     """Runs the parts at ``size`` under ``profile`` (``seeds`` paired seeds) and writes
@@ -659,7 +660,9 @@ def run(
         raise ConfigError(f"filfl: unknown or no part(s) {bad or parts}; known: {PARTS}")
     out = output_dir(out)
     scale = SCALES[size]
-    study = FilFLStudy("filfl", profile=profile, size=size, seeds=seeds, out=out)
+    study = FilFLStudy(
+        "filfl", profile=profile, size=size, seeds=seeds, out=out, seeds_together=seeds_together
+    )
     image, cifar, absent = resolve_tasks(scale, data_dir)
     shakespeare = scale.shakespeare
     stand_in = {  # notes on the claims read on a stand-in

@@ -451,6 +451,7 @@ def run(
     size: str = "cpu",
     profile: str = "paper",
     data_dir=None,
+    seeds_together: int | str = "auto",
     tables: tuple[str, ...] = ("I", "II", "III", "IV"),
     table1_extras: bool = True,
     table3_extras: bool = True,
@@ -469,7 +470,14 @@ def run(
     scale = SCALES[size]
     table1 = tuple(m for m in TABLE1_METHODS if table1_extras or m.label in TABLE1_CLAIMED)
     table3 = tuple(a for a in ABLATIONS if table3_extras or a.label in TABLE3_CLAIMED)
-    study = Study("hetero_select", profile=profile, size=size, seeds=seeds, out=out)
+    study = Study(
+        "hetero_select",
+        profile=profile,
+        size=size,
+        seeds=seeds,
+        out=out,
+        seeds_together=seeds_together,
+    )
     results: dict[str, Any] = {
         "scale": dataclasses.asdict(scale),
         "profile": profile,

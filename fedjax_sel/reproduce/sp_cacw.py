@@ -461,6 +461,7 @@ def run(
     size: str = "cpu",
     profile: str = "paper",
     data_dir=None,
+    seeds_together: int | str = "auto",
     parts: tuple[str, ...] = (),
 ) -> dict:
     """Runs the parts at ``size`` (module docstring), prints our numbers (mean and 95% CI over
@@ -473,7 +474,9 @@ def run(
         raise ConfigError(f"sp-cacw: unknown part(s) {unknown}; known: {PARTS}")
     out = output_dir(out)
     scale = SCALES[size]
-    study = Study("sp_cacw", profile=profile, size=size, seeds=seeds, out=out)
+    study = Study(
+        "sp_cacw", profile=profile, size=size, seeds=seeds, out=out, seeds_together=seeds_together
+    )
     results: dict[str, Any] = {
         "profile": profile,
         "size": size,
