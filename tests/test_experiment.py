@@ -28,6 +28,7 @@ from fedjax_sel.experiment import (
     strip_timings,
 )
 from fedjax_sel.experiment.build import build_simulation
+from fedjax_sel.experiment.provenance import code_record, same_code, source_digest_of
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -236,6 +237,22 @@ def test_sweep_reruns_bit_identically_and_reuses_finished_cells(tmp_path, capsys
     run_sweep(sweep, tmp_path / "a", progress=False, echo=messages.append)
     assert "4 of 4 cells already finished; reusing them" in messages
     assert before == {c: (tmp_path / "a" / c / "summary.json").stat().st_mtime_ns for c in cells}
+    # a cell finished by other code (another source digest in its config.json) is recomputed,
+    # the others reused; it runs alone now, so only its last bits may differ from the first run
+    stale = tmp_path / "a" / cells[0] / "config.json"
+    info = json.loads(stale.read_text())
+    assert info["code"] == code_record()
+    stale.write_text(json.dumps({**info, "code": {**info["code"], "source": "0" * 16}}))
+    messages = []
+    run_sweep(sweep, tmp_path / "a", progress=False, echo=messages.append)
+    assert "3 of 4 cells already finished; reusing them" in messages
+    assert any(m.startswith("1 of 4 cells were finished by other code") for m in messages)
+    after = {c: (tmp_path / "a" / c / "summary.json").stat().st_mtime_ns for c in cells}
+    assert [c for c in cells if after[c] != before[c]] == [cells[0]]
+    again = json.loads(stale.read_text())
+    assert again["code"] == code_record() and len(again["seeds_vmapped"]) == 1
+    summaries = [json.loads((tmp_path / d / cells[0] / "summary.json").read_text()) for d in "ab"]
+    assert summaries[0]["final_accuracy"] == pytest.approx(summaries[1]["final_accuracy"], rel=1e-4)
     assert json.loads((tmp_path / "a" / "comparison.json").read_text())
     # [sweep] percent = true reaches compare: accuracies in %, from the same (reused) cells
     sweep.write_text(sweep.read_text().replace("[sweep]\n", "[sweep]\npercent = true\n"))
@@ -359,3 +376,41 @@ def test_matmul_precision_is_the_one_the_round_is_traced_under(tmp_path):
     assert seen == {"tensorfloat32"}
     with pytest.raises(ConfigError, match="fp8"):
         small(matmul_precision="fp8").resolve()
+
+
+def test_the_code_record_is_a_digest_of_the_source(tmp_path):
+    """The digest changes with any edit of a ``.py`` file's bytes or path and with nothing
+    else; a run records this code's, and a record of other code, or none, is not the same."""
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "a.py").write_text("x = 1\n")
+    (pkg / "sub" / "b.py").write_text("def f():\n    return 2\n")
+    first = source_digest_of(pkg)
+    assert len(first) == 16 and source_digest_of(pkg) == first
+    (pkg / "notes.txt").write_text("not source")
+    assert source_digest_of(pkg) == first
+    for edit in ("x = 2\n", "x = 1  # a comment\n"):
+        (pkg / "a.py").write_text(edit)
+        assert source_digest_of(pkg) != first
+    (pkg / "a.py").write_text("x = 1\n")
+    (pkg / "sub" / "b.py").rename(pkg / "sub" / "c.py")
+    assert source_digest_of(pkg) != first
+    assert same_code(code_record())
+    assert not same_code(None) and not same_code({"source": "0" * 16})
+
+
+def test_a_checkpoint_written_by_other_code_is_not_resumed(tmp_path):
+    """``restore_member`` starts over, and says so, where the folder's ``config.json``
+    records other code; with this code's record it reads the checkpoint (here a corrupt one,
+    which it names)."""
+    from fedjax_sel.experiment.loop import Member, restore_member
+
+    (tmp_path / "checkpoint.npz").write_bytes(b"not a checkpoint")
+    member = Member(small(), tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"code": {"source": "0" * 16}}))
+    messages = []
+    assert restore_member(member, None, messages.append) is None
+    assert messages == [f"{tmp_path}'s checkpoint was written by other code: starting it over"]
+    (tmp_path / "config.json").write_text(json.dumps({"code": code_record()}))
+    with pytest.raises(ConfigError, match="corrupt"):
+        restore_member(member, None, messages.append)

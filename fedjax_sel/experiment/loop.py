@@ -39,6 +39,7 @@ from fedjax_sel.experiment.outputs import (
     read_metrics,
     write_json,
 )
+from fedjax_sel.experiment.provenance import code_record, same_code
 from fedjax_sel.round_log import RoundLog
 from fedjax_sel.strategies.registry import traced_hyperparams, traced_values
 from fedjax_sel.training.hparams import TRACED_FIELDS
@@ -151,16 +152,26 @@ class Member:
 
 def finished_result(config: RunConfig, out: Path) -> RunResult | None:
     """The stored result of ``out`` when it holds a finished run of exactly ``config``
-    (every setting that can change the results equal), else ``None``."""
+    (every setting that can change the results equal) made by this code
+    (:func:`~fedjax_sel.experiment.provenance.same_code`), else ``None``."""
+    if finished_by_other_code(config, out) is not False:
+        return None
+    return RunResult(config, read_metrics(out / METRICS), read_json(out / SUMMARY), out_dir=out)
+
+
+def finished_by_other_code(config: RunConfig, out: Path) -> bool | None:
+    """``None`` when ``out`` holds no finished run of exactly ``config``; else whether other
+    code made it (its ``config.json`` records another source digest, or none)."""
     if not (out / SUMMARY).exists() or not (out / CONFIG).exists():
         return None
     try:
-        stored = RunConfig.from_dict(read_json(out / CONFIG)["config"]).resolve()
+        info = read_json(out / CONFIG)
+        stored = RunConfig.from_dict(info["config"]).resolve()
     except (ConfigError, KeyError, TypeError):
         return None
     if stored.results_key() != config.results_key():
         return None
-    return RunResult(config, read_metrics(out / METRICS), read_json(out / SUMMARY), out_dir=out)
+    return not same_code(info.get("code"))
 
 
 def write_config(
@@ -184,6 +195,7 @@ def write_config(
             "dataset": {"name": dataset.name, "num_clients": dataset.num_clients, **dataset.info},
             **engine_info,
             "seeds_vmapped": seeds_vmapped or [member.config.seed],
+            "code": code_record(),
             **member.info,
             "backend": jax.default_backend(),
             "devices": [str(d) for d in jax.devices()],
@@ -196,6 +208,9 @@ def restore_member(member: Member, template: Any, echo: Callable) -> Any | None:
     """Loads ``member``'s checkpoint (state, bookkeeping; ``metrics.jsonl`` cut back to the
     checkpoint's records) or returns ``None`` when there is none."""
     if member.out is None or not (member.out / CHECKPOINT).exists():
+        return None
+    if (member.out / CONFIG).exists() and not same_code(read_json(member.out / CONFIG).get("code")):
+        echo(f"{member.out}'s checkpoint was written by other code: starting it over")
         return None
     state, header = ckpt.load_checkpoint(
         member.out / CHECKPOINT, template, results_key=member.config.results_key()

@@ -68,6 +68,7 @@ import numpy as np
 from fedjax_sel.base import ConfigError
 from fedjax_sel.config import RunConfig, read_config_file
 from fedjax_sel.experiment import run as run_lib
+from fedjax_sel.experiment.loop import finished_by_other_code
 from fedjax_sel.experiment.mappings import release_if_crowded
 from fedjax_sel.experiment.outputs import write_json
 
@@ -455,15 +456,21 @@ def run_cells(
     as fit the memory, :func:`fedjax_sel.experiment.run.batch_size`). ``bar``: a progress bar
     of the caller's to advance (a suite's), instead of one of its own."""
     results: dict[int, run_lib.RunResult] = {}
-    todo = []
+    todo, other_code = [], 0
     for i, cell in enumerate(cells):
         done = run_lib.finished_result(cell.config, cell.out)
         if done is not None:
             results[i] = done
         else:
             todo.append(i)
+            other_code += bool(finished_by_other_code(cell.config, cell.out))
     if len(todo) < len(cells):
         echo(f"{len(cells) - len(todo)} of {len(cells)} cells already finished; reusing them")
+    if other_code:
+        echo(
+            f"{other_code} of {len(cells)} cells were finished by other code (their config.json "
+            "records another source digest, or none): recomputed, not mixed with this code's"
+        )
     groups: dict[str, list[int]] = {}
     for i in todo:
         groups.setdefault(run_lib.program_key(cells[i].config), []).append(i)

@@ -81,6 +81,7 @@ def run_reproduction(
     recorded in ``run_info.json`` when fixed, and each cell's batches in ``per_seed.json``."""
     from fedjax_sel.bench.common import machine_info
     from fedjax_sel.experiment.outputs import write_json
+    from fedjax_sel.experiment.provenance import code_record
 
     out = output_dir(Path(out))
     # read before the run: a malformed record stops it now, not after hours of work
@@ -106,6 +107,7 @@ def run_reproduction(
         **({} if seeds_together == "auto" else {"seeds_together": seeds_together}),
         "wall_seconds": round(time.perf_counter() - start, 1),
         "machine": machine_info(),
+        "code": code_record(),
         "command": shlex.join(sys.argv) if sys.argv and "fedjax-sel" in sys.argv[0] else None,
     }
     if earlier:

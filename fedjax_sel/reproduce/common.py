@@ -42,6 +42,7 @@ from fedjax_sel.config import RunConfig
 from fedjax_sel.experiment.compare import Run, mean_ci, metric_value, p_from_t, t_critical
 from fedjax_sel.experiment.loop import RunResult
 from fedjax_sel.experiment.outputs import write_json
+from fedjax_sel.experiment.provenance import code_record
 from fedjax_sel.experiment.sweep import Cell, _slug, run_cells
 from fedjax_sel.reproduce import PROFILES, SIZES
 
@@ -646,8 +647,8 @@ class Study:
         write_json(
             self.out / "per_seed.json",
             {"version": PER_SEED_VERSION, "fedjax_sel": fedjax_sel.__version__,
-             "paper": self.paper, "profile": self.profile, "size": self.size,
-             "cells": cells},
+             "code": code_record(), "paper": self.paper, "profile": self.profile,
+             "size": self.size, "cells": cells},
         )  # fmt: skip
         rows = [self.verdict_row(c, cells) for c in claims]
         write_json(self.out / "verdicts.json", rows)
