@@ -109,6 +109,22 @@ def _seeds_together(value: str | None) -> int | str | None:
     return together
 
 
+def _seed_list(value: str | None) -> list[int] | None:
+    """``--only-seeds``: ``A-B`` (both included) or ``A,B,...``; ``None`` when not given."""
+    if value is None:
+        return None
+    try:
+        seeds = []
+        for part in value.split(","):
+            lo, sep, hi = part.partition("-")
+            seeds += list(range(int(lo), int(hi) + 1)) if sep else [int(lo)]
+    except ValueError:
+        seeds = []
+    if not seeds or min(seeds) < 0:
+        raise ConfigError(f"--only-seeds must be seeds >= 0 as A-B or A,B,..., got {value!r}")
+    return sorted(set(seeds))
+
+
 def _spec_with_overrides(a: argparse.Namespace, section: str) -> dict:
     """A sweep or suite file's mapping with ``--set`` (its ``[override]``) and ``--seeds``
     (in ``[section]``) applied."""
@@ -347,6 +363,7 @@ def cmd_reproduce(a: argparse.Namespace) -> int:
         profile=a.profile,
         data_dir=a.data_dir,
         seeds_together=_seeds_together(a.seeds_together or "auto"),
+        only_seeds=_seed_list(a.only_seeds),
         **parse_pairs(a.option, what="--option"),
     )
     return 0
@@ -574,6 +591,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="seeds per vmapped batch (default auto: measured on this machine); a seed's last "
         "bits can depend on its batch, so fix it to rerun a committed folder bit for bit",
+    )
+    p.add_argument(
+        "--only-seeds",
+        default=None,
+        metavar="A-B",
+        help="run only these seeds of every configuration and stop before aggregating: one "
+        "machine's share; copy the runs/ folders together and rerun without it to aggregate",
     )
     p.add_argument(
         "--option",

@@ -376,37 +376,52 @@ def test_per_seed_cells_record_which_seeds_ran_vmapped_together(tmp_path):
     assert row["final_accuracy"]["mean"] == pytest.approx(100 * (0.5 + 0.02))
 
 
-def test_a_study_runs_its_cells_with_the_batch_it_is_given(tmp_path, monkeypatch, capsys):
-    """``Study(seeds_together=N)`` hands N to ``run_cells`` (default ``"auto"``), and every
-    reproduction accepts the argument, so ``fedjax-sel reproduce --seeds-together N`` reaches
-    the runs; a batch that is not a positive number is refused, naming it."""
+def test_a_study_runs_its_cells_as_its_execution_says(tmp_path, monkeypatch, capsys):
+    """``Study(execution=Execution(seeds_together=N))`` hands N to ``run_cells`` (default
+    ``"auto"``), and every reproduction takes an ``execution``, so ``fedjax-sel reproduce
+    --seeds-together N`` reaches the runs. ``only_seeds`` runs those seeds' cells alone and
+    stops before anything is read (``SeedsRunOnly``, naming the count); seeds that select no
+    run, a batch that is not a positive number and malformed seed lists are refused, naming
+    the value."""
     import inspect
 
+    from fedjax_sel.base import ConfigError
     from fedjax_sel.config import RunConfig
     from fedjax_sel.reproduce import REPRODUCTIONS
     from fedjax_sel.reproduce import common as common_lib
-    from fedjax_sel.reproduce.common import Study
+    from fedjax_sel.reproduce.common import Execution, SeedsRunOnly, Study
 
     seen = []
 
     def fake_run_cells(cells, *, seeds_together="auto", **_):
-        seen.append((len(cells), seeds_together))
+        seen.append(([c.config.seed for c in cells], seeds_together))
         return [None] * len(cells)
 
     monkeypatch.setattr(common_lib, "run_cells", fake_run_cells)
     base = RunConfig(dataset="leaf_synthetic", num_clients=10, per_round=2, rounds=2)
-    for together in ("auto", 3):
-        kw = {} if together == "auto" else {"seeds_together": together}
-        study = Study("p", profile="paper", size="cpu", seeds=4, out=tmp_path / str(together), **kw)
-        study.add("s", "A", base)
-        study.run()
-    assert seen == [(4, "auto"), (4, 3)]
+
+    def study(name, **kw):
+        s = Study("p", profile="paper", size="cpu", seeds=4, out=tmp_path / name, **kw)
+        s.add("s", "A", base)
+        s.add("s", "B", base.replace(strategy="power_of_choice"))
+        return s
+
+    study("auto").run()
+    study("three", execution=Execution(seeds_together=3)).run()
+    assert seen == [([0, 1, 2, 3] * 2, "auto"), ([0, 1, 2, 3] * 2, 3)]
+    with pytest.raises(SeedsRunOnly, match=r"ran 4 runs \(seeds \[1, 3\] of every"):
+        study("part", execution=Execution(only_seeds=(1, 3))).run()
+    assert seen[-1] == ([1, 3, 1, 3], "auto")
+    with pytest.raises(ConfigError, match=r"only_seeds \[7\] selects no run \(seeds 0 to 3"):
+        study("none", execution=Execution(only_seeds=(7,))).run()
+    for bad in ({"seeds_together": 0}, {"seeds_together": "many"}, {"only_seeds": (-1,)}):
+        with pytest.raises(ConfigError, match=str(next(iter(bad.values())))):
+            Execution(**bad)
     for name in REPRODUCTIONS:
         params = inspect.signature(REPRODUCTIONS[name].factory).parameters
-        assert params["seeds_together"].default == "auto", name
-    for bad in ("0", "-2", "many"):
-        argv = ["reproduce", "hetero-select", "--seeds-together", bad, "--out", str(tmp_path)]
+        assert params["execution"].default is None, name
+    for flag, bad in (("--seeds-together", "0"), ("--seeds-together", "many"),
+                      ("--only-seeds", "3-x"), ("--only-seeds", "-2")):  # fmt: skip
+        argv = ["reproduce", "hetero-select", flag, bad, "--out", str(tmp_path)]
         assert main(argv) == 2
-        assert f"--seeds-together must be 'auto' or a positive number, got '{bad}'" in (
-            capsys.readouterr().err
-        )
+        assert f"{flag} must be" in capsys.readouterr().err

@@ -299,6 +299,38 @@ def test_tiny_end_to_end_verdicts_and_cache(tiny, capsys, check_pinned):
     assert s["rounds_completed"] == 2
 
 
+def test_a_table_computed_in_shares_equals_one_run(tiny, capsys):
+    """Seeds 0-1 on one "machine" and seed 2 on another (``only_seeds``: each stops before
+    aggregating and records its share), both with the same --out path (a configuration
+    records its data file's path, which the reproduction writes under --out), their runs/
+    folders copied into one and aggregated there, give one full run's per_seed.json and
+    verdicts bit for bit: every cell is reused. Seeds run one at a time everywhere
+    (``seeds_together=1``), so the batches match too."""
+    import shutil
+
+    kw = dict(size="cpu", profile="paper", data_dir=tiny / "data", tables=("II",))
+    kw.update(seeds_together=1)
+    out = tiny / "share"
+    for share, seeds in (("first", [0, 1]), ("second", [2])):
+        results = run_reproduction("hetero-select", seeds=3, out=out, only_seeds=seeds, **kw)
+        assert results["only_seeds"] == seeds and results["runs"] == 3 * len(seeds)
+        assert json.loads((out / "run_info.json").read_text())["only_seeds"] == seeds
+        assert not (out / "verdicts.json").exists()
+        assert {p.name for p in (out / "runs").glob("*/*/seed*")} == {f"seed{s}" for s in seeds}
+        out.rename(tiny / share)  # the machine's folder, shipped home
+    shutil.copytree(tiny / "first", out)
+    shutil.copytree(tiny / "second" / "runs", out / "runs", dirs_exist_ok=True)
+    capsys.readouterr()
+    run_reproduction("hetero-select", seeds=3, out=out, **kw)
+    assert "9 of 9 cells already finished; reusing them" in capsys.readouterr().out
+    run_reproduction("hetero-select", seeds=3, out=tiny / "whole", **kw)
+    shares, whole = (json.loads((d / "per_seed.json").read_text()) for d in (out, tiny / "whole"))
+    assert shares["cells"] == whole["cells"]
+    assert json.loads((out / "verdicts.json").read_text()) == json.loads(
+        (tiny / "whole" / "verdicts.json").read_text()
+    )
+
+
 def _two_seed_argv(tiny: Path, tables: str) -> list[str]:
     """``fedjax-sel reproduce hetero-select`` at the tiny cpu size, 2 seeds, into tiny/out."""
     argv = ["reproduce", "hetero-select", "--size", "cpu", "--seeds", "2"]

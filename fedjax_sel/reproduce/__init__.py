@@ -10,7 +10,7 @@ import os
 import shlex
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ PROFILES = ("paper", "code")
 
 REPRODUCTIONS = Registry(
     "reproduction",
-    fixed=("seeds", "out", "size", "profile", "data_dir", "seeds_together"),
+    fixed=("seeds", "out", "size", "profile", "data_dir", "execution"),
     package="fedjax_sel.reproduce",
 )
 
@@ -68,6 +68,7 @@ def run_reproduction(
     seeds: int | None = None,
     data_dir: str | None = None,
     seeds_together: int | str = "auto",
+    only_seeds: Sequence[int] | None = None,
     **options: Any,
 ) -> dict:
     """Runs reproduction ``name`` (``fedjax-sel reproduce NAME``) and returns its results.
@@ -77,27 +78,38 @@ def run_reproduction(
     reported). A run into a folder that already holds one (resuming it, or adding parts) keeps
     the earlier runs' records under ``earlier_runs`` and their summed cost with this one's in
     ``total_wall_seconds``. ``seeds=None`` takes the reproduction's default.
-    ``seeds_together``: members per vmapped batch (``"auto"``: measured on this machine);
-    recorded in ``run_info.json`` when fixed, and each cell's batches in ``per_seed.json``."""
+    ``seeds_together`` and ``only_seeds``: how the runs are executed
+    (:class:`~fedjax_sel.reproduce.common.Execution`), recorded in ``run_info.json`` when
+    given. With ``only_seeds`` the reproduction stops once those seeds' runs are done and
+    returns ``{"only_seeds", "runs", "message"}`` (its ``run_info.json`` says ``only_seeds``)."""
     from fedjax_sel.bench.common import machine_info
     from fedjax_sel.experiment.outputs import write_json
     from fedjax_sel.experiment.provenance import code_record
+    from fedjax_sel.reproduce.common import Execution, SeedsRunOnly
+
+    execution = Execution(
+        seeds_together, None if only_seeds is None else tuple(int(s) for s in only_seeds)
+    )
 
     out = output_dir(Path(out))
     # read before the run: a malformed record stops it now, not after hours of work
     earlier = earlier_runs(out / "run_info.json")
     kw = {} if seeds is None else {"seeds": seeds}
     start = time.perf_counter()
-    results = REPRODUCTIONS.build(
-        name,
-        **kw,
-        out=out,
-        size=size,
-        profile=profile,
-        data_dir=data_dir,
-        seeds_together=seeds_together,
-        **options,
-    )
+    try:
+        results = REPRODUCTIONS.build(
+            name,
+            **kw,
+            out=out,
+            size=size,
+            profile=profile,
+            data_dir=data_dir,
+            execution=execution,
+            **options,
+        )
+    except SeedsRunOnly as stop:
+        print(stop)
+        results = {"only_seeds": stop.seeds, "runs": stop.runs, "message": str(stop)}
     info = {
         "reproduction": name,
         "profile": profile,
@@ -105,6 +117,7 @@ def run_reproduction(
         "seeds": seeds if seeds is not None else (results or {}).get("seeds"),
         "options": options,
         **({} if seeds_together == "auto" else {"seeds_together": seeds_together}),
+        **({} if only_seeds is None else {"only_seeds": list(execution.only_seeds)}),
         "wall_seconds": round(time.perf_counter() - start, 1),
         "machine": machine_info(),
         "code": code_record(),

@@ -76,6 +76,7 @@ from fedjax_sel.experiment.sweep import _slug
 from fedjax_sel.reproduce import output_dir, register_reproduction, select_parts
 from fedjax_sel.reproduce.common import (
     Claim,
+    Execution,
     Study,
     check_profile_size,
     markdown_table,
@@ -1151,7 +1152,7 @@ def run(
     client_lrs: tuple[float, ...] | None = None,
     server_lrs: tuple[float, ...] | None = None,
     kappas: tuple[float, ...] = KAPPAS,
-    seeds_together: int | str = "auto",
+    execution: Execution | None = None,
 ) -> dict:
     """Runs the parts (see the module docstring) at ``size`` under ``profile`` and writes
     ``results.json``, ``tables.md``, ``verdicts.json`` and plots under ``out``.
@@ -1188,7 +1189,7 @@ def run(
             seeds=seeds,
             out=out,
             readers={"reference_average": reference_average},
-            seeds_together=seeds_together,
+            execution=execution,
         ),
         tuple(s for s in STRATEGIES if s in methods),
         {},

@@ -209,6 +209,48 @@ CELL_METRICS = {
 PER_SEED_VERSION = 1
 
 
+@dataclasses.dataclass(frozen=True)
+class Execution:
+    """How a reproduction's runs are executed, apart from what they compute.
+
+    Attributes:
+      seeds_together: members per vmapped batch (:func:`run_cells`; ``"auto"`` measures it on
+        this machine). A seed's last bits can depend on its batch, so a rerun that must give
+        the same bits fixes it; ``per_seed.json`` records every cell's batches.
+      only_seeds: run only these seeds of every configuration, then stop
+        (:class:`SeedsRunOnly`) before anything is aggregated: one machine's share of a
+        table that several compute (their ``runs/`` folders copied into one folder, which a
+        rerun without it aggregates, reusing every cell the same code finished).
+    """
+
+    seeds_together: int | str = "auto"
+    only_seeds: tuple[int, ...] | None = None
+
+    def __post_init__(self):
+        together = self.seeds_together
+        if together != "auto" and not (isinstance(together, int) and together >= 1):
+            raise ConfigError(
+                f"seeds_together must be 'auto' or a positive integer, got {together!r}"
+            )
+        if self.only_seeds is not None and (
+            not self.only_seeds or any(not isinstance(s, int) or s < 0 for s in self.only_seeds)
+        ):
+            raise ConfigError(f"only_seeds must be seeds >= 0, got {self.only_seeds!r}")
+
+
+class SeedsRunOnly(Exception):  # noqa: N818 (a stop, not an error)
+    """Raised by :meth:`Study.run` once the ``only_seeds`` runs are done: the reproduction
+    stops before aggregating (it has only some seeds of every configuration)."""
+
+    def __init__(self, runs: int, seeds: list[int], out: Path):
+        super().__init__(
+            f"ran {runs} runs (seeds {seeds} of every configuration) into {out / 'runs'}; "
+            "copy them into the folder that holds the other seeds and rerun it without "
+            "only_seeds to aggregate: the cells this code finished are reused"
+        )
+        self.runs, self.seeds, self.out = runs, seeds, out
+
+
 def per_seed_cells(out: str | Path) -> dict[str, dict[str, Any]]:
     """Every configuration run under ``out/runs`` (tuning runs included), seed by seed, from
     its seeds' ``summary.json``: ``{"SETTING/LABEL": {"label", "seeds": {"S": {METRIC:
@@ -464,16 +506,16 @@ class Study:
         echo: Callable = print,
         progress: bool = True,
         readers: dict[str, Callable[[Run, str], float | None]] | None = None,
-        seeds_together: int | str = "auto",
+        execution: Execution | None = None,
     ):
         """``readers``: metrics of this reproduction's own, ``NAME@ARG`` read by
         ``readers[NAME](run, ARG)`` (the others by :func:`metric_value`); their per-seed values
         go into ``per_seed.json`` like every claim's metric, so rows rebuild without them.
-        ``seeds_together``: members per vmapped batch (:func:`run_cells`; ``"auto"`` measures
-        it on this machine). A seed's last bits can depend on its batch, so a rerun that must
-        give the same bits fixes it; ``per_seed.json`` records every cell's batches."""
+        ``execution``: how the runs are executed (:class:`Execution`)."""
         self.paper, self.profile, self.size, self.seeds = paper, profile, size, int(seeds)
-        self.seeds_together = seeds_together
+        execution = execution or Execution()
+        self.seeds_together = execution.seeds_together
+        self.only_seeds = None if execution.only_seeds is None else frozenset(execution.only_seeds)
         self.readers = dict(readers or {})
         self.out = Path(out)
         self.out.mkdir(parents=True, exist_ok=True)
@@ -507,8 +549,16 @@ class Study:
         self.cells[key] = cells
 
     def run(self) -> None:
-        """Runs every added cell that is not finished yet."""
+        """Runs every added cell that is not finished yet (with ``only_seeds``: those seeds'
+        cells, then raises :class:`SeedsRunOnly`)."""
         todo = [(k, c) for k, cs in self.cells.items() if k not in self.results for c in cs]
+        if self.only_seeds is not None:
+            todo = [(k, c) for k, c in todo if c.config.seed in self.only_seeds]
+            if not todo:
+                raise ConfigError(
+                    f"{self.paper}: only_seeds {sorted(self.only_seeds)} selects no run (seeds "
+                    f"0 to {max(len(cs) for cs in self.cells.values()) - 1} here)"
+                )
         if not todo:
             return
         results = run_cells(
@@ -517,6 +567,8 @@ class Study:
             progress=self.progress,
             echo=self.echo,
         )
+        if self.only_seeds is not None:
+            raise SeedsRunOnly(len(todo), sorted(self.only_seeds), self.out)
         for (key, _), r in zip(todo, results, strict=True):
             self.results.setdefault(key, []).append(r)
 

@@ -59,6 +59,7 @@ from fedjax_sel.experiment.outputs import plot_curves, subplots, write_json
 from fedjax_sel.reproduce import output_dir, register_reproduction
 from fedjax_sel.reproduce.common import (
     Claim,
+    Execution,
     Study,
     check_profile_size,
     markdown_table,
@@ -531,7 +532,7 @@ def run(
     size: str = "cpu",
     profile: str = "paper",
     data_dir=None,
-    seeds_together: int | str = "auto",
+    execution: Execution | None = None,
     table1_seeds: int = 20,
     tables: tuple[str, ...] = TABLES,
 ) -> dict:
@@ -554,7 +555,7 @@ def run(
         size=size,
         seeds=seeds,
         out=out,
-        seeds_together=seeds_together,
+        execution=execution,
     )
     results: dict[str, Any] = {
         "scale": dataclasses.asdict(scale),

@@ -57,6 +57,7 @@ from fedjax_sel.experiment.outputs import plot_curves, subplots, write_json
 from fedjax_sel.reproduce import output_dir, register_reproduction
 from fedjax_sel.reproduce.common import (
     Claim,
+    Execution,
     Study,
     check_profile_size,
     markdown_table,
@@ -648,7 +649,7 @@ def run(
     size: str = "cpu",
     profile: str = "paper",
     data_dir=None,
-    seeds_together: int | str = "auto",
+    execution: Execution | None = None,
     parts: tuple[Part, ...] = DEFAULT_PARTS,  # type: ignore[assignment]
 ) -> dict:
     """Runs the parts at ``size`` under ``profile`` (``seeds`` paired seeds) and writes
@@ -661,7 +662,7 @@ def run(
     out = output_dir(out)
     scale = SCALES[size]
     study = FilFLStudy(
-        "filfl", profile=profile, size=size, seeds=seeds, out=out, seeds_together=seeds_together
+        "filfl", profile=profile, size=size, seeds=seeds, out=out, execution=execution
     )
     image, cifar, absent = resolve_tasks(scale, data_dir)
     shakespeare = scale.shakespeare

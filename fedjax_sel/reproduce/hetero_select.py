@@ -44,6 +44,7 @@ from fedjax_sel.kernels.oort import PRESET_OVERCOMMIT
 from fedjax_sel.reproduce import output_dir, register_reproduction
 from fedjax_sel.reproduce.common import (
     Claim,
+    Execution,
     Study,
     check_profile_size,
     markdown_table,
@@ -451,7 +452,7 @@ def run(
     size: str = "cpu",
     profile: str = "paper",
     data_dir=None,
-    seeds_together: int | str = "auto",
+    execution: Execution | None = None,
     tables: tuple[str, ...] = ("I", "II", "III", "IV"),
     table1_extras: bool = True,
     table3_extras: bool = True,
@@ -476,7 +477,7 @@ def run(
         size=size,
         seeds=seeds,
         out=out,
-        seeds_together=seeds_together,
+        execution=execution,
     )
     results: dict[str, Any] = {
         "scale": dataclasses.asdict(scale),

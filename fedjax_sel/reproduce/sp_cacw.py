@@ -51,7 +51,13 @@ from fedjax_sel.experiment.outputs import CONFIG, plot_curves, read_json, write_
 from fedjax_sel.personalized.results import result_from_records
 from fedjax_sel.reproduce import output_dir, register_reproduction
 from fedjax_sel.reproduce import sp_cacw_plots as plots
-from fedjax_sel.reproduce.common import Claim, Study, check_profile_size, markdown_table
+from fedjax_sel.reproduce.common import (
+    Claim,
+    Execution,
+    Study,
+    check_profile_size,
+    markdown_table,
+)
 
 PARTS = ("mnist_permute", "mnist_rotate", "shakespeare", "cifar100", "ablation")
 METHODS = ("sp_cacw", "local", "fedavg", "uniform", "oracle", "similarity", "ifca")
@@ -461,7 +467,7 @@ def run(
     size: str = "cpu",
     profile: str = "paper",
     data_dir=None,
-    seeds_together: int | str = "auto",
+    execution: Execution | None = None,
     parts: tuple[str, ...] = (),
 ) -> dict:
     """Runs the parts at ``size`` (module docstring), prints our numbers (mean and 95% CI over
@@ -474,9 +480,7 @@ def run(
         raise ConfigError(f"sp-cacw: unknown part(s) {unknown}; known: {PARTS}")
     out = output_dir(out)
     scale = SCALES[size]
-    study = Study(
-        "sp_cacw", profile=profile, size=size, seeds=seeds, out=out, seeds_together=seeds_together
-    )
+    study = Study("sp_cacw", profile=profile, size=size, seeds=seeds, out=out, execution=execution)
     results: dict[str, Any] = {
         "profile": profile,
         "size": size,
