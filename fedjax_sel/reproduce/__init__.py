@@ -85,7 +85,7 @@ def run_reproduction(
     from fedjax_sel.bench.common import machine_info
     from fedjax_sel.experiment.outputs import write_json
     from fedjax_sel.experiment.provenance import code_record
-    from fedjax_sel.reproduce.common import Execution, SeedsRunOnly
+    from fedjax_sel.reproduce.execution import Execution, SeedsRunOnly
 
     execution = Execution(
         seeds_together, None if only_seeds is None else tuple(int(s) for s in only_seeds)
