@@ -516,7 +516,7 @@ class Study:
             if not todo:
                 raise ConfigError(
                     f"{self.paper}: only_seeds {sorted(self.only_seeds)} selects no run (seeds "
-                    f"0 to {max(len(cs) for cs in self.cells.values()) - 1} here)"
+                    f"0 to {max((len(cs) for cs in self.cells.values()), default=0) - 1} here)"
                 )
         if not todo:
             return
