@@ -79,7 +79,7 @@ def run_reproduction(
     the earlier runs' records under ``earlier_runs`` and their summed cost with this one's in
     ``total_wall_seconds``. ``seeds=None`` takes the reproduction's default.
     ``seeds_together`` and ``only_seeds``: how the runs are executed
-    (:class:`~fedjax_sel.reproduce.common.Execution`), recorded in ``run_info.json`` when
+    (:class:`~fedjax_sel.reproduce.execution.Execution`), recorded in ``run_info.json`` when
     given. With ``only_seeds`` the reproduction stops once those seeds' runs are done and
     returns ``{"only_seeds", "runs", "message"}`` (its ``run_info.json`` says ``only_seeds``)."""
     from fedjax_sel.bench.common import machine_info

@@ -519,7 +519,7 @@ def tune_lrs(
                         Cell(config.replace(seed=seed, label=label).validate(), folder, label)
                     )
                     where.append((dataset, strategy, lr, label, seed))
-    together = study.seeds_together if study is not None else "auto"
+    together = study.execution.seeds_together if study is not None else "auto"
     results = run_cells(cells, seeds_together=together, progress=False, echo=echo)
     # (data set, strategy, lr) -> its label and each tuning seed's tail accuracy
     tails: dict[tuple[str, str, tuple[float, float]], tuple[str, dict[int, float]]] = {}

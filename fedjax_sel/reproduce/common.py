@@ -41,7 +41,7 @@ from fedjax_sel.base import ConfigError
 from fedjax_sel.config import RunConfig
 from fedjax_sel.experiment.compare import Run, mean_ci, metric_value, p_from_t, t_critical
 from fedjax_sel.experiment.loop import RunResult
-from fedjax_sel.experiment.outputs import write_json
+from fedjax_sel.experiment.outputs import read_json, write_json
 from fedjax_sel.experiment.provenance import code_record
 from fedjax_sel.experiment.sweep import Cell, _slug, run_cells
 from fedjax_sel.reproduce import PROFILES, SIZES
@@ -240,7 +240,7 @@ def per_seed_cells(out: str | Path) -> dict[str, dict[str, Any]]:
 def _seeds_vmapped(config_file: Path) -> list[int] | None:
     """The seeds a run's ``config.json`` says ran in its batch (a grid's members of other
     configurations included), or ``None`` where it does not say."""
-    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    config = read_json(config_file) if config_file.is_file() else {}
     together = config.get("seeds_vmapped")
     return sorted(int(s) for s in together) if together else None
 
@@ -472,9 +472,7 @@ class Study:
         go into ``per_seed.json`` like every claim's metric, so rows rebuild without them.
         ``execution``: how the runs are executed (:class:`Execution`)."""
         self.paper, self.profile, self.size, self.seeds = paper, profile, size, int(seeds)
-        execution = execution or Execution()
-        self.seeds_together = execution.seeds_together
-        self.only_seeds = None if execution.only_seeds is None else frozenset(execution.only_seeds)
+        self.execution = execution or Execution()
         self.readers = dict(readers or {})
         self.out = Path(out)
         self.out.mkdir(parents=True, exist_ok=True)
@@ -511,23 +509,24 @@ class Study:
         """Runs every added cell that is not finished yet (with ``only_seeds``: those seeds'
         cells, then raises :class:`SeedsRunOnly`)."""
         todo = [(k, c) for k, cs in self.cells.items() if k not in self.results for c in cs]
-        if self.only_seeds is not None:
-            todo = [(k, c) for k, c in todo if c.config.seed in self.only_seeds]
+        only = self.execution.only_seeds
+        if only is not None:
+            todo = [(k, c) for k, c in todo if c.config.seed in only]
             if not todo:
                 raise ConfigError(
-                    f"{self.paper}: only_seeds {sorted(self.only_seeds)} selects no run (seeds "
+                    f"{self.paper}: only_seeds {sorted(only)} selects no run (seeds "
                     f"0 to {max((len(cs) for cs in self.cells.values()), default=0) - 1} here)"
                 )
         if not todo:
             return
         results = run_cells(
             [c for _, c in todo],
-            seeds_together=self.seeds_together,
+            seeds_together=self.execution.seeds_together,
             progress=self.progress,
             echo=self.echo,
         )
-        if self.only_seeds is not None:
-            raise SeedsRunOnly(len(todo), sorted(self.only_seeds), self.out)
+        if only is not None:
+            raise SeedsRunOnly(len(todo), sorted(only), self.out)
         for (key, _), r in zip(todo, results, strict=True):
             self.results.setdefault(key, []).append(r)
 
