@@ -320,8 +320,6 @@ _NOT_YET_RECOMPUTED = {
     "ca_fed/paper-paper": "no per_seed.json: committed before it existed",
     "ca_fed/paper-paper-mnist": "no per_seed.json: committed before it existed",
     "ca_fed/code-paper-mnist": "no per_seed.json: committed before it existed",
-    "ca_fed/paper-paper-fig2a": "committed before its exclusion counts and tuning scores went "
-    "into per_seed.json",
 }
 
 
