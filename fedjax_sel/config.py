@@ -345,7 +345,9 @@ class RunConfig:
         from fedjax_sel.data.datasets import DATASETS
         from fedjax_sel.models import MODELS
         from fedjax_sel.registry import parse_spec
+        from fedjax_sel.training.local import check_parallel_spec
 
+        check_parallel_spec(config.parallel)
         changes["dataset_args"] = DATASETS.resolve(config.dataset, config.dataset_args)
         model = config.model or DATASETS[config.dataset].info["default_model"]
         changes["model_args"] = MODELS.resolve(model, config.model_args)

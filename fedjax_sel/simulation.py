@@ -48,7 +48,7 @@ from fedjax_sel.system import (
 )
 from fedjax_sel.training import evaluate as ev
 from fedjax_sel.training.hparams import HParams
-from fedjax_sel.training.local import LocalConfig, client_optimizer
+from fedjax_sel.training.local import LocalConfig, client_optimizer, parallel_spec
 from fedjax_sel.training.server import ServerOptimizer
 
 
@@ -161,9 +161,7 @@ class Simulation:
         self.asynchronous = spec.asynchronous
         self.parallel = self.trainer.mode
         mode, chunk = self.parallel
-        self.parallel_spec = (mode if chunk is None else f"{mode}:{chunk}") + (
-            f",conv={self.model.conv_impl}" if self.model.conv_impl else ""
-        )
+        self.parallel_spec = parallel_spec(mode, chunk, self.model.conv_impl)
         self.data = self._place(SimData.of(dataset))
         self._chunk = jax.jit(self._chunk_fn, static_argnums=(2,))
         # the same program with the state's buffers given to its outputs (``donate=True``): a

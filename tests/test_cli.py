@@ -68,6 +68,8 @@ def test_run_writes_outputs_and_prints_a_table(tmp_path, capsys):
         (["--dataset", "mnist", "--data-dir", "/nonexistent/x.npz"], "does not exist"),
         (["--lr", "-0.1"], "lr must be a positive number"),
         (["--parallel", "pmap"], "unknown client parallelism"),
+        (["--parallel", "map:conv=fft"], "conv must be one of"),
+        (["--parallel", "map,conv=xla"], "options follow a colon"),
         (["--model", "linreg"], "regression"),
     ],
 )
@@ -226,7 +228,7 @@ def test_bench_throughput_epochs_with_a_users_flax_model(tmp_path):
     row = json.loads(out.read_text())
     assert row["model"] == "Net" and row["work"] == "epochs" and row["batch_size"] == 10
     assert 100 <= row["client_sizes"][0] <= row["client_sizes"][2] <= 400
-    assert 0 <= row["padded_step_fraction"] < 1 and row["mode"].startswith("vmap,conv=")
+    assert 0 <= row["padded_step_fraction"] < 1 and row["mode"].startswith("vmap:conv=")
     assert row["engine_client_updates_per_s"] > 0 and row["loop_client_updates_per_s"] > 0
     # the analytic FLOP count: per example 6*6*9*1*4 (conv) + 144*5 (dense) multiply-adds
     per_step_per_example = 3 * 2 * (6 * 6 * 9 * 4 + 144 * 5)

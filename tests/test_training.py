@@ -12,10 +12,13 @@ from fedjax_sel.data import from_client_arrays
 from fedjax_sel.models import make_model
 from fedjax_sel.training import (
     LocalConfig,
+    check_parallel_spec,
     make_trainer,
+    parallel_spec,
     parse_parallel,
     server_optimizer,
     server_step,
+    split_conv,
     weighted_delta,
 )
 from fedjax_sel.training.local import epoch_positions, step_positions
@@ -274,6 +277,37 @@ def test_config_validation_messages():
         parse_parallel("chunked:0")
     with pytest.raises(ConfigError, match="server optimizer"):
         server_optimizer("lamb")
+
+
+@pytest.mark.parametrize(
+    "spec, parts",
+    [
+        ("map", ("map", None, None)),
+        ("chunked:4", ("chunked", 4, None)),
+        ("vmap:conv=xla", ("vmap", None, "xla")),
+        ("map:conv=xla_nhwc", ("map", None, "xla_nhwc")),
+        ("chunked:4,conv=patches", ("chunked", 4, "patches")),
+    ],
+)
+def test_parallel_specs_round_trip(spec, parts):
+    # the mode a run reports (Simulation.parallel_spec, bench throughput's "mode") is a spec
+    # --parallel / --mode accept as written
+    parallel, conv = split_conv(spec)
+    assert (*parse_parallel(parallel), conv) == parts
+    assert parallel_spec(*parts) == spec
+    check_parallel_spec(spec)
+
+
+def test_bad_parallel_specs_name_the_value():
+    with pytest.raises(ConfigError, match=r"'map,conv=xla'.*map:conv=xla"):
+        check_parallel_spec("map,conv=xla")
+    with pytest.raises(ConfigError, match=r"conv must be one of .* got 'fft'"):
+        check_parallel_spec("map:conv=fft")
+    with pytest.raises(ConfigError, match=r"unknown option\(s\) \['chunk'\]"):
+        check_parallel_spec("map:chunk=4")
+    with pytest.raises(ConfigError, match="chunked:C"):
+        check_parallel_spec("pmap:conv=xla")
+    check_parallel_spec(" AUTO ")
 
 
 def _np_minibatch_sgd(w, b, x, y, batches, lr, momentum=0.0):

@@ -49,7 +49,13 @@ from fedjax_sel.simulation import Simulation, default_mesh
 from fedjax_sel.strategies import make_strategy
 from fedjax_sel.system import from_spec as system_from_spec
 from fedjax_sel.training.autotune import resolve_parallel
-from fedjax_sel.training.local import LocalConfig, executed_steps
+from fedjax_sel.training.local import (
+    LocalConfig,
+    check_parallel_spec,
+    executed_steps,
+    parse_parallel,
+    split_conv,
+)
 
 # model -> (input shape, classes, token inputs, default clients per round)
 MODEL_SPECS = {
@@ -325,8 +331,7 @@ def measure(
                 fedbuff_client_updates_per_s=fb.buffer / t_fb["seconds"],
                 sync_system_client_updates_per_s=p / t_sys["seconds"],
             )
-        kind, _, rest = t["mode"].split(",")[0].partition(":")
-        executed = executed_steps(steps, kind, int(rest) if rest else None)
+        executed = executed_steps(steps, *parse_parallel(split_conv(t["mode"])[0]))
         rows.append(
             {
                 "model": model_name,
@@ -412,6 +417,8 @@ def throughput_main(
     """
     if modes and "all" in modes:
         modes = ["auto", *ALL_MODES]
+    for mode in modes or []:  # a typo fails now, not after minutes of timing the loop
+        check_parallel_spec(mode)
     t0 = time.perf_counter()
     peak = matmul_gflops()
     rows = []

@@ -55,7 +55,7 @@ from fedjax_sel.system import (
 )
 from fedjax_sel.training import evaluate as ev
 from fedjax_sel.training.hparams import HParams
-from fedjax_sel.training.local import LocalConfig, make_trainer
+from fedjax_sel.training.local import LocalConfig, make_trainer, split_conv
 from fedjax_sel.training.server import ServerOptimizer, server_spec, server_step, weighted_delta
 from fedjax_sel.tree import masked_deltas, stacked_norms
 
@@ -63,18 +63,6 @@ from fedjax_sel.tree import masked_deltas, stacked_norms
 _AVAIL, _SELECT, _TRAIN, _SYSTEM, _DROPOUT = 0, 1, 2, 3, 4
 
 _static = functools.partial(struct.field, pytree_node=False)
-
-
-def split_conv(spec: str) -> tuple[str, str | None]:
-    """``"map:conv=xla"`` / ``"chunked:4,conv=patches"`` -> (parallelism spec, conv impl)."""
-    from fedjax_sel.registry import parse_spec
-
-    name, positional, pairs = parse_spec(spec, what="client parallelism")
-    conv = pairs.pop("conv", None)
-    if pairs:
-        raise ConfigError(f"client parallelism {spec!r}: unknown option(s) {sorted(pairs)}")
-    rest = ":".join([name] + ([",".join(positional)] if positional else []))
-    return rest, conv
 
 
 def _check_asynchronous(

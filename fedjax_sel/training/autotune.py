@@ -36,6 +36,8 @@ from fedjax_sel.training.local import (
     auto_parallel,
     executed_steps,
     make_trainer,
+    parallel_spec,
+    parse_parallel,
 )
 
 CACHE_VERSION = 3  # 2: candidates in a new order, measured on fewer clients when slow; 3: xla_nhwc
@@ -287,7 +289,5 @@ def resolve_parallel(
     if parallel.strip().lower() != "auto":
         return parallel, None
     choice = choose_parallel(model, cfg, data, per_round, persistent_state=persistent_state)
-    spec = choice.parallel
-    if choice.conv_impl is not None:
-        spec += f"{',' if ':' in spec else ':'}conv={choice.conv_impl}"
-    return spec, choice
+    mode, chunk = parse_parallel(choice.parallel)
+    return parallel_spec(mode, chunk, choice.conv_impl), choice

@@ -31,6 +31,7 @@ import optax
 from fedjax_sel.base import Array, ConfigError, PRNGKey, TrainResult
 from fedjax_sel.data.client_data import ClientData
 from fedjax_sel.models import Model, masked_mean
+from fedjax_sel.models.base import CONV_IMPLS
 from fedjax_sel.registry import convert, parse_spec
 from fedjax_sel.tree import masked_rows, sq_norm
 
@@ -242,6 +243,44 @@ def make_client_update(model: Model, cfg: LocalConfig, n_max: int) -> Callable:
         return p, opt_state, (loss_sum / denom, first_loss, sq_sum / denom, steps)
 
     return update
+
+
+def split_conv(spec: str) -> tuple[str, str | None]:
+    """``"map:conv=xla"`` / ``"chunked:4,conv=patches"`` -> (parallelism spec, conv impl)."""
+    name, positional, pairs = parse_spec(spec, what="client parallelism")
+    if "," in name:  # "map,conv=xla": the options belong after a colon
+        raise ConfigError(
+            f"client parallelism {spec!r}: options follow a colon, e.g. "
+            f"{name.split(',')[0]}:{','.join(name.split(',')[1:])}"
+        )
+    conv = pairs.pop("conv", None)
+    if pairs:
+        raise ConfigError(f"client parallelism {spec!r}: unknown option(s) {sorted(pairs)}")
+    rest = ":".join([name] + ([",".join(positional)] if positional else []))
+    return rest, conv
+
+
+def parallel_spec(mode: str, chunk: int | None = None, conv: str | None = None) -> str:
+    """The inverse of :func:`split_conv` over parsed parts: ``("map", None, "xla")`` ->
+    ``"map:conv=xla"``, ``("chunked", 4, "patches")`` -> ``"chunked:4,conv=patches"``; a
+    spec that ``parallel=`` and ``--mode`` accept as written."""
+    spec = mode if chunk is None else f"{mode}:{chunk}"
+    if conv is not None:
+        spec += f"{',' if ':' in spec else ':'}conv={conv}"
+    return spec
+
+
+def check_parallel_spec(spec: str) -> None:
+    """Refuses a malformed ``auto`` / ``vmap`` / ``map`` / ``chunked:C`` spec (with an optional
+    ``conv=`` option) before anything is built or timed."""
+    if spec.strip().lower() == "auto":
+        return
+    parallel, conv = split_conv(spec)
+    parse_parallel(parallel)
+    if conv is not None and conv not in CONV_IMPLS:
+        raise ConfigError(
+            f"client parallelism {spec!r}: conv must be one of {CONV_IMPLS}, got {conv!r}"
+        )
 
 
 def parse_parallel(spec: str) -> tuple[str, int | None]:
