@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import jax
 import pytest
@@ -162,7 +163,7 @@ def test_bench_throughput_writes_the_documented_keys(tmp_path):
             "--local-steps",
             "2",
             "--repeats",
-            "1",
+            "3",
             "--system",
             "lognormal",
             "--async",
@@ -190,6 +191,34 @@ def test_bench_throughput_writes_the_documented_keys(tmp_path):
     import jax
 
     assert row["per_round"] == 8 and row["machine"]["backend"] == jax.default_backend()
+    # the speedup is the median ratio of loop and engine rounds timed in turn
+    pairs = zip(row["loop_round_times"], row["engine_round_times"], strict=True)
+    ratios = sorted(lt / et for lt, et in pairs)
+    assert len(ratios) == 3 and row["speedup_vs_loop"] == pytest.approx(ratios[1])
+    assert row["speedup_range"] == pytest.approx([ratios[0], ratios[2]])
+
+
+def test_interleaved_times_alternates_the_calls():
+    from fedjax_sel.bench.common import interleaved_times
+
+    log = []
+    seconds = {"a": 0.002, "b": 0.02}
+
+    def call(name):
+        def fn():
+            log.append(name)
+            time.sleep(seconds[name])
+            return 0
+
+        return fn
+
+    times = interleaved_times({"a": call("a"), "b": call("b")}, repeats=3)
+    assert log == ["a", "b"] * 4  # one warm-up each, then three turns
+    for name in "ab":
+        t = times[name]
+        assert len(t["times"]) == 3 and t["seconds"] == sorted(t["times"])[1]
+        assert t["min_seconds"] == min(t["times"]) >= seconds[name]
+    assert times["b"]["seconds"] > times["a"]["seconds"]
 
 
 def test_bench_throughput_epochs_with_a_users_flax_model(tmp_path):

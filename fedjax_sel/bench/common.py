@@ -62,6 +62,37 @@ def time_call(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> di
     return {"seconds": statistics.median(times), "min_seconds": min(times), "first_seconds": first}
 
 
+def interleaved_times(
+    calls: dict[str, Callable[[], object]], repeats: int = 5
+) -> dict[str, dict[str, object]]:
+    """Times each call ``repeats`` times in turn (a, b, a, b, ...) after one warm-up call each
+    (blocked until ready). On a machine whose speed drifts (a shared or throttled CPU) the calls
+    timed next to each other slow alike, so the ratio of their times stays fair where two
+    blocks timed one after the other would not. Per call: its ``times`` in order, their median
+    ``seconds`` and ``min_seconds``, and ``first_seconds`` (the warm-up, compilation
+    included)."""
+    first = {}
+    for name, fn in calls.items():
+        t = time.perf_counter()
+        jax.block_until_ready(fn())
+        first[name] = time.perf_counter() - t
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(max(repeats, 1)):
+        for name, fn in calls.items():
+            t = time.perf_counter()
+            jax.block_until_ready(fn())
+            times[name].append(time.perf_counter() - t)
+    return {
+        name: {
+            "times": ts,
+            "seconds": statistics.median(ts),
+            "min_seconds": min(ts),
+            "first_seconds": first[name],
+        }
+        for name, ts in times.items()
+    }
+
+
 def matmul_gflops(n: int | None = None, repeats: int = 5) -> float:
     """Achieved GFLOP/s of one large float32 matmul: the machine's practical peak.
 

@@ -17,11 +17,17 @@ is reported). Models: ``logreg``, ``mlp``, ``cnn``, ``lstm``, or a user's flax l
 (``--model-def FILE.py:NAME``, built with no arguments, ``__call__(x)`` returning logits, on
 random data of ``--input-shape`` with ``--classes``). FLOPs per client update are analytic
 (:mod:`fedjax_sel.models.flops`), the same count on every backend.
+
+Every loop variant and engine mode is timed in turn, one round each, ``repeats`` times, so a
+machine whose speed drifts slows them alike; ``speedup_vs_loop`` is the median over those turns
+of the loop round's time (the faster variant's) over the engine round's, ``speedup_range`` the
+smallest and largest such ratio.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -33,6 +39,7 @@ import optax
 
 from fedjax_sel.base import ConfigError
 from fedjax_sel.bench.common import (
+    interleaved_times,
     machine_info,
     matmul_gflops,
     print_table,
@@ -121,7 +128,9 @@ def dataset_of(name: str, shape, classes, xs, ys, scale) -> FederatedDataset:
     )
 
 
-def _engine(model, ds, per_round, mode, local, repeats, trace=None, system=None, asynchronous=None):
+def _engine(model, ds, per_round, mode, local, rounds, system=None, asynchronous=None):
+    """The engine's round as a call (``auto`` resolved now, by measurement) and its
+    simulation; each call runs one round from the state the last one left."""
     strategy = "full" if asynchronous is None else "uniform"  # asynchronous needs a picker
     mode, choice = resolve_parallel(mode, model, local, ds.train, per_round)
     sim = Simulation(
@@ -130,7 +139,7 @@ def _engine(model, ds, per_round, mode, local, repeats, trace=None, system=None,
         make_strategy(strategy, per_round),
         local=local,
         per_round=per_round,
-        num_rounds=repeats + 2,
+        num_rounds=rounds,
         parallel=mode,
         parallel_choice=choice,
         chunk_size=1,
@@ -145,14 +154,13 @@ def _engine(model, ds, per_round, mode, local, repeats, trace=None, system=None,
         state[0] = s
         return s.params
 
-    t = time_call(one_round, repeats=repeats)
-    if trace is not None:
-        with jax.profiler.trace(str(trace)):
-            for _ in range(3):
-                jax.block_until_ready(one_round())
-    t["mode"] = sim.parallel_spec
-    t["choice"] = None if sim.parallel_choice is None else sim.parallel_choice.to_dict()
-    return t
+    return one_round, sim
+
+
+def _engine_seconds(model, ds, per_round, mode, local, repeats, **kw) -> float:
+    """Median seconds of the engine's round alone (the system-model and FedBuff variants)."""
+    one_round, _ = _engine(model, ds, per_round, mode, local, repeats + 2, **kw)
+    return time_call(one_round, repeats=repeats)["seconds"]
 
 
 def _loop_pieces(model, local):
@@ -184,7 +192,7 @@ def _positions(work: str, sizes: np.ndarray, local: LocalConfig, seed: int = 0):
     return out
 
 
-def _loop_step(model, data, sizes, local, work, repeats, params):
+def _loop_step(model, data, sizes, local, work, params):
     """Python loop over clients and minibatches, one jitted SGD step (FedJAX's jit backend;
     a client's last partial batch is padded and masked, so the step never recompiles)."""
     xs, ys, scale = data
@@ -214,10 +222,10 @@ def _loop_step(model, data, sizes, local, work, repeats, params):
             acc = accumulate(acc, p, float(weights[c]))
         return acc
 
-    return time_call(one_round, repeats=repeats)
+    return one_round
 
 
-def _loop_client(model, data, sizes, local, repeats, params):
+def _loop_client(model, data, sizes, local, params):
     """Python loop over clients, one jitted per-client trainer (scan over the local steps)."""
     xs, ys, scale = data
     tx, step = _loop_pieces(model, local)
@@ -248,7 +256,7 @@ def _loop_client(model, data, sizes, local, repeats, params):
             )
         return acc
 
-    return time_call(one_round, repeats=repeats)
+    return one_round
 
 
 def measure(
@@ -303,42 +311,56 @@ def measure(
     peak = peak if peak is not None else matmul_gflops()
 
     loop_model = with_conv_impl(model, "xla") if model.conv_impl else model
-    t_step = _loop_step(loop_model, (xs, ys, scale), sizes, local, work, repeats, params)
-    loop_times = {"loop_step": t_step["seconds"]}
+    calls = {"loop_step": _loop_step(loop_model, (xs, ys, scale), sizes, local, work, params)}
     if work == "steps":
-        t_client = _loop_client(loop_model, (xs, ys, scale), sizes, local, repeats, params)
-        loop_times["loop_client"] = t_client["seconds"]
-    loop_s = min(loop_times.values())
+        calls["loop_client"] = _loop_client(loop_model, (xs, ys, scale), sizes, local, params)
+    loops = list(calls)
+    engines = []
+    for i, mode in enumerate(modes or ["auto"]):
+        one_round, sim = _engine(model, ds, p, mode, local, 2 * repeats + 4)
+        calls[f"engine {i}"] = one_round
+        engines.append((f"engine {i}", sim))
+    # loop and engine rounds timed in turn, so a drifting machine slows both alike
+    times = interleaved_times(calls, repeats)
+    loop_rounds = [min(ts) for ts in zip(*(times[k]["times"] for k in loops), strict=True)]
+    loop_s = min(times[k]["seconds"] for k in loops)
     rows = []
-    for mode in modes or ["auto"]:
-        t = _engine(model, ds, p, mode, local, repeats, trace)
+    for name, sim in engines:
+        t = times[name]
+        if trace is not None:
+            with jax.profiler.trace(str(trace)):
+                for _ in range(3):
+                    jax.block_until_ready(calls[name]())
+        ratios = [lt / et for lt, et in zip(loop_rounds, t["times"], strict=True)]
+        mode = sim.parallel_spec
+        choice = None if sim.parallel_choice is None else sim.parallel_choice.to_dict()
         eng_ups, loop_ups = p / t["seconds"], p / loop_s
         timed = {}
         if system is not None or asynchronous is not None:
             spec = system or "lognormal"
-            t_sys = _engine(model, ds, p, t["mode"], local, repeats, system=spec)
+            sys_s = _engine_seconds(model, ds, p, mode, local, repeats, system=spec)
             timed.update(
                 system=spec,
-                system_round_seconds=t_sys["seconds"],
-                system_overhead=t_sys["seconds"] / t["seconds"] - 1.0,
+                system_round_seconds=sys_s,
+                system_overhead=sys_s / t["seconds"] - 1.0,
             )
         if asynchronous is not None:
             fb = async_from_spec(asynchronous, p)
-            t_fb = _engine(model, ds, p, t["mode"], local, repeats, system=spec, asynchronous=fb)
+            fb_s = _engine_seconds(model, ds, p, mode, local, repeats, system=spec, asynchronous=fb)
             timed.update(
                 asynchronous=f"fedbuff:concurrency={fb.concurrency},buffer={fb.buffer}",
-                fedbuff_step_seconds=t_fb["seconds"],
-                fedbuff_client_updates_per_s=fb.buffer / t_fb["seconds"],
-                sync_system_client_updates_per_s=p / t_sys["seconds"],
+                fedbuff_step_seconds=fb_s,
+                fedbuff_client_updates_per_s=fb.buffer / fb_s,
+                sync_system_client_updates_per_s=p / sys_s,
             )
-        executed = executed_steps(steps, *parse_parallel(split_conv(t["mode"])[0]))
+        executed = executed_steps(steps, *parse_parallel(split_conv(mode)[0]))
         rows.append(
             {
                 "model": model_name,
                 "work": work,
                 "per_round": p,
-                "mode": t["mode"],
-                "parallel_choice": t["choice"],
+                "mode": mode,
+                "parallel_choice": choice,
                 "local_steps": local_steps if work == "steps" else None,
                 "local_epochs": 1 if work == "epochs" else None,
                 "batch_size": bsz,
@@ -348,11 +370,15 @@ def measure(
                 "engine_compile_seconds": t["first_seconds"] - t["seconds"],
                 "engine_client_updates_per_s": eng_ups,
                 "loop_client_updates_per_s": loop_ups,
-                "loop_step_jit_updates_per_s": p / loop_times["loop_step"],
-                "loop_client_jit_updates_per_s": p / loop_times["loop_client"]
-                if "loop_client" in loop_times
+                "loop_step_jit_updates_per_s": p / times["loop_step"]["seconds"],
+                "loop_client_jit_updates_per_s": p / times["loop_client"]["seconds"]
+                if "loop_client" in times
                 else None,
-                "speedup_vs_loop": eng_ups / loop_ups,
+                # the median of the ratios of loop and engine rounds timed next to each other
+                "speedup_vs_loop": statistics.median(ratios),
+                "speedup_range": [min(ratios), max(ratios)],
+                "engine_round_times": t["times"],
+                "loop_round_times": loop_rounds,
                 "flops_per_client_update": flops_per_update,
                 "engine_gflops": eng_ups * flops_per_update / 1e9,
                 "loop_gflops": loop_ups * flops_per_update / 1e9,
