@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import jax
 import pytest
@@ -302,3 +303,23 @@ def test_trace_is_written_and_split_by_phase(tmp_path, capsys):
     assert seconds["evaluation"] > 0
     assert main(["bench", "phases", "--trace", str(trace), "--out", str(tmp_path / "p.png")]) == 0
     assert "local_training" in capsys.readouterr().out and (tmp_path / "p.png").exists()
+
+
+def test_engine_vs_loop_parts_times_the_four_parts_against_the_loop():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "engine_vs_loop_parts.py"
+    spec = importlib.util.spec_from_file_location("engine_vs_loop_parts", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = script.measure("mlp", per_round=2, mode="map", local_steps=1, repeats=2)
+    # 784-200-200-10: weights and biases
+    assert out["num_params"] == 784 * 200 + 200 + 200 * 200 + 200 + 200 * 10 + 10 == 199_210
+    assert out["stacked_model_bytes"] == 2 * 199_210 * 4
+    parts = [r["part"] for r in out["rows"]]
+    assert parts == ["loop", "loop of the engine's update", "trainer (map)", "round (map)"]
+    loop = out["rows"][0]
+    assert loop["loop_over_this"] == 1.0 and len(loop["times"]) == 2
+    for r in out["rows"]:
+        ratios = sorted(lt / t for lt, t in zip(loop["times"], r["times"], strict=True))
+        assert r["loop_over_this"] == pytest.approx(sum(ratios) / 2)
