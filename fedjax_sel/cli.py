@@ -563,7 +563,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--seeds-together", default=None, help="grid: members per vmapped batch (default auto)"
     )
     p.add_argument("--rounds", type=int, default=None, help="sweep (default 20), workloads")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=5,
+        help="timed calls; throughput: turns of one loop round and one round of each mode, "
+        "the speedup being the median of the turns' ratios",
+    )
     p.add_argument("--out", default=None, help="JSON output file")
     p.set_defaults(func=cmd_bench)
 
