@@ -12,6 +12,7 @@ import pytest
 
 from fedjax_sel.base import ConfigError
 from fedjax_sel.data import (
+    client_data,
     clustered_regression,
     dirichlet,
     from_client_arrays,
@@ -34,8 +35,11 @@ def _ragged(rng, sizes, dim=3):
     return xs, ys
 
 
-@pytest.mark.parametrize("layout", ["padded", "flat"])
-def test_gather_returns_each_clients_own_examples(layout):
+@pytest.mark.parametrize("layout", ["padded", "flat", "padded, (client, position) pairs"])
+def test_gather_returns_each_clients_own_examples(layout, monkeypatch):
+    if layout.startswith("padded,"):  # the path for row numbers past int32
+        monkeypatch.setattr(client_data, "FLAT_ROWS_LIMIT", 0)
+        layout = "padded"
     rng = np.random.default_rng(0)
     sizes = [3, 7, 1, 5]
     xs, ys = _ragged(rng, sizes)

@@ -27,6 +27,13 @@ from fedjax_sel.base import Array, ConfigError
 from fedjax_sel.data.partition import FlatParts
 
 LAYOUTS = ("auto", "padded", "flat")
+# the most rows a padded [K, n_max] array's int32 row numbers can address
+FLAT_ROWS_LIMIT = 2**31 - 1
+
+
+def _flat(a: Array) -> Array:
+    """``[K, n_max, ...]`` as ``[K * n_max, ...]`` (a view: the array is contiguous)."""
+    return a.reshape((a.shape[0] * a.shape[1],) + a.shape[2:])
 
 
 @struct.dataclass
@@ -95,9 +102,15 @@ class ClientData:
         mask = positions < counts
         safe = jnp.clip(positions, 0, jnp.maximum(counts - 1, 0))
         if self.layout == "padded":
-            c = jnp.broadcast_to(clients[..., None], safe.shape)
-            x = self.x.at[c, safe].get(mode="promise_in_bounds")
-            y = self.y.at[c, safe].get(mode="promise_in_bounds")
+            k, n = self.x.shape[:2]
+            if k * n <= FLAT_ROWS_LIMIT:  # rows of the [K * n_max] view: XLA:CPU's row gather
+                rows = clients[..., None] * n + safe
+                x = _flat(self.x).at[rows].get(mode="promise_in_bounds")
+                y = _flat(self.y).at[rows].get(mode="promise_in_bounds")
+            else:  # row numbers past int32: index (client, position) pairs
+                c = jnp.broadcast_to(clients[..., None], safe.shape)
+                x = self.x.at[c, safe].get(mode="promise_in_bounds")
+                y = self.y.at[c, safe].get(mode="promise_in_bounds")
         else:
             rows = self.offsets[clients][..., None] + safe
             x = self.x.at[rows].get(mode="promise_in_bounds")
@@ -108,8 +121,7 @@ class ClientData:
         """Every stored row: ``(x[R, ...], y[R], client[R], valid bool[R])``."""
         if self.layout == "padded":
             k, n = self.x.shape[:2]
-            x = self.x.reshape((k * n,) + self.x.shape[2:])
-            y = self.y.reshape((k * n,) + self.y.shape[2:])
+            x, y = _flat(self.x), _flat(self.y)
             client = jnp.repeat(jnp.arange(k, dtype=jnp.int32), n)
             valid = (jnp.arange(n)[None, :] < self.counts[:, None]).reshape(-1)
             return self._features(x), y, client, valid
