@@ -250,7 +250,9 @@ class RunConfig:
     )
     parallel: str = setting(
         "auto",
-        "client parallelism: auto | vmap | map | chunked:C",
+        "client parallelism: auto | vmap | map | chunked:C; a convolution model also takes "
+        "conv=patches|xla|xla_nhwc (map:conv=xla_nhwc, chunked:4,conv=patches), the form a "
+        "run reports its choice in",
         group=_T,
         results=False,
     )
