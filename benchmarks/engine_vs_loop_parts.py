@@ -2,7 +2,7 @@
 
 ``fedjax-sel bench throughput`` compares the whole compiled round with a Python loop over
 per-client trainers. This script splits the difference for one model and workload (fixed
-local steps, the same clients and data), timing five calls in turn (a, b, c, ... repeated,
+local steps, the same clients and data), timing four calls in turn (a, b, c, d, a, ...,
 so a drifting machine slows them alike):
 
 * ``loop``: the benchmark's loop, one jitted ``lax.scan`` trainer per client (plain

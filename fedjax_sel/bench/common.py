@@ -49,39 +49,33 @@ def machine_info() -> dict:
 def time_call(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> dict:
     """Median and min wall seconds of ``fn()`` (blocked until ready) after ``warmup`` calls;
     the first warm-up call's time (compilation included) is returned as ``first_seconds``."""
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn())
-    first = time.perf_counter() - t0
-    for _ in range(max(warmup - 1, 0)):
-        jax.block_until_ready(fn())
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t)
-    return {"seconds": statistics.median(times), "min_seconds": min(times), "first_seconds": first}
+    t = interleaved_times({"call": fn}, repeats, warmup)["call"]
+    return {k: t[k] for k in ("seconds", "min_seconds", "first_seconds")}
 
 
 def interleaved_times(
-    calls: dict[str, Callable[[], object]], repeats: int = 5
+    calls: dict[str, Callable[[], object]], repeats: int = 5, warmup: int = 1
 ) -> dict[str, dict[str, object]]:
-    """Times each call ``repeats`` times in turn (a, b, a, b, ...) after one warm-up call each
+    """Times each call ``repeats`` times in turn (a, b, a, b, ...) after ``warmup`` calls each
     (blocked until ready). On a machine whose speed drifts (a shared or throttled CPU) the calls
     timed next to each other slow alike, so the ratio of their times stays fair where two
     blocks timed one after the other would not. Per call: its ``times`` in order, their median
-    ``seconds`` and ``min_seconds``, and ``first_seconds`` (the warm-up, compilation
-    included)."""
-    first = {}
-    for name, fn in calls.items():
+    ``seconds`` and ``min_seconds``, and ``first_seconds`` (the first warm-up call,
+    compilation included)."""
+
+    def timed(fn: Callable[[], object]) -> float:
         t = time.perf_counter()
         jax.block_until_ready(fn())
-        first[name] = time.perf_counter() - t
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(max(repeats, 1)):
-        for name, fn in calls.items():
-            t = time.perf_counter()
+        return time.perf_counter() - t
+
+    first = {name: timed(fn) for name, fn in calls.items()}
+    for _ in range(max(warmup - 1, 0)):
+        for fn in calls.values():
             jax.block_until_ready(fn())
-            times[name].append(time.perf_counter() - t)
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(repeats):
+        for name, fn in calls.items():
+            times[name].append(timed(fn))
     return {
         name: {
             "times": ts,

@@ -60,8 +60,6 @@ from fedjax_sel.training.local import (
     LocalConfig,
     check_parallel_spec,
     executed_steps,
-    parse_parallel,
-    split_conv,
 )
 
 # model -> (input shape, classes, token inputs, default clients per round)
@@ -353,7 +351,7 @@ def measure(
                 fedbuff_client_updates_per_s=fb.buffer / fb_s,
                 sync_system_client_updates_per_s=p / sys_s,
             )
-        executed = executed_steps(steps, *parse_parallel(split_conv(mode)[0]))
+        executed = executed_steps(steps, *sim.parallel)
         rows.append(
             {
                 "model": model_name,

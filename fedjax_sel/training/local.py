@@ -249,9 +249,9 @@ def split_conv(spec: str) -> tuple[str, str | None]:
     """``"map:conv=xla"`` / ``"chunked:4,conv=patches"`` -> (parallelism spec, conv impl)."""
     name, positional, pairs = parse_spec(spec, what="client parallelism")
     if "," in name:  # "map,conv=xla": the options belong after a colon
+        mode, _, options = name.partition(",")
         raise ConfigError(
-            f"client parallelism {spec!r}: options follow a colon, e.g. "
-            f"{name.split(',')[0]}:{','.join(name.split(',')[1:])}"
+            f"client parallelism {spec!r}: options follow a colon, e.g. {mode}:{options}"
         )
     conv = pairs.pop("conv", None)
     if pairs:
