@@ -268,6 +268,8 @@ def cmd_list(a: argparse.Namespace) -> int:
 def cmd_bench(a: argparse.Namespace) -> int:
     from fedjax_sel import bench
 
+    if a.repeats < 1:  # the medians (and the scale rows' fused rounds) need one timing at least
+        raise ConfigError(f"--repeats must be >= 1, got {a.repeats}")
     if a.what == "throughput":
         from fedjax_sel.registry import convert
 

@@ -80,7 +80,9 @@ class Simulation:
         ParallelChoice`), recorded in the run's ``config.json``.
       persistent_client_state: keep each client's optimizer state (momentum) across rounds.
       chunk_size: rounds per compiled ``lax.scan`` chunk.
-      eval_batch_size: batch of the evaluation passes.
+      eval_batch_size: batch of the evaluation passes (the least: the passes over every
+        client's data take more rows where a small model's activations allow,
+        :func:`fedjax_sel.training.evaluate.eval_rows`).
       mesh: a one-axis ``jax.sharding.Mesh`` named ``clients`` to shard the slot axis of local
         training (and a padded data set's client axis) over several devices.
       n_max: the largest client any simulated data set holds (default: ``dataset``'s); larger
@@ -498,11 +500,15 @@ class Simulation:
                 model, params, data.test_x, data.test_y, bs, data.test_valid, mesh
             )
 
+        def every_client(params, clients):
+            rows = ev.eval_rows(model, params, clients, bs)
+            return ev.evaluate_all_clients(model, params, clients, rows, mesh)
+
         def client_test(params):
-            return ev.evaluate_all_clients(model, params, data.test, bs, mesh)
+            return every_client(params, data.test)
 
         def client_train(params):
-            loss_k, acc_k, _ = ev.evaluate_all_clients(model, params, data.train, bs, mesh)
+            loss_k, acc_k, _ = every_client(params, data.train)
             return loss_k, acc_k
 
         return Evaluator(central, client_test if data.test is not None else None, client_train)

@@ -114,6 +114,14 @@ def test_python_dash_m_entry_point():
     assert r.returncode == 0 and "strategies" in r.stdout
 
 
+@pytest.mark.parametrize("what", ["kernels", "throughput", "scale"])
+def test_bench_refuses_no_repeats(what, capsys):
+    """Zero timed calls has no median: refused before anything is built or timed."""
+    assert main(["bench", what, "--repeats", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--repeats must be >= 1, got 0" in err and "Traceback" not in err
+
+
 def test_reproduce_unknown_name(capsys):
     assert main(["reproduce", "no-such-paper"]) == 2
     assert "unknown reproduction 'no-such-paper'" in capsys.readouterr().err
@@ -220,6 +228,8 @@ def test_interleaved_times_alternates_the_calls():
         assert len(t["times"]) == 3 and t["seconds"] == sorted(t["times"])[1]
         assert t["min_seconds"] == min(t["times"]) >= seconds[name]
     assert times["b"]["seconds"] > times["a"]["seconds"]
+    with pytest.raises(ValueError, match="repeats must be >= 1"):
+        interleaved_times({"a": call("a")}, repeats=0)
 
 
 def test_bench_throughput_epochs_with_a_users_flax_model(tmp_path):

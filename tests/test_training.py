@@ -495,6 +495,80 @@ def test_client_batch_losses_in_chunks_match_numpy():
         np.testing.assert_allclose(skipped, expected, rtol=1e-6)
 
 
+def test_all_client_sums_of_a_padded_layout_match_numpy():
+    """Every client's mean loss, accuracy and count (the padded layout's chunks of whole
+    clients, where the last chunk overlaps the one before whenever the chunk does not divide
+    K; an empty client gets NaN) against NumPy, and against the flat layout's segment sums."""
+    from fedjax_sel.training.evaluate import evaluate_all_clients
+
+    sizes = [3, 40, 7, 0, 25, 9, 60, 2, 11, 1, 5]
+    xs, ys = _clients(sizes)
+    model = make_model("logreg", input_shape=(D,), num_classes=C)
+    params, numpy_rows = _logreg_numpy(model)
+    want_loss, want_acc = [], []
+    for x, y in zip(xs, ys, strict=True):
+        loss, predicted = numpy_rows(x, y) if len(y) else (np.array([np.nan]), None)
+        want_loss.append(np.mean(loss))
+        want_acc.append(np.mean(predicted == y) if len(y) else np.nan)
+    padded = from_client_arrays(xs, ys, layout="padded", allow_empty=True)
+    flat = from_client_arrays(xs, ys, layout="flat", allow_empty=True)
+    segments = evaluate_all_clients(model, params, flat, 64)
+    # 1, 3, 4 (overlap of 1) and all 11 clients per chunk
+    for batch in (60, 180, 240, 4096):
+        loss, acc, count = evaluate_all_clients(model, params, padded, batch)
+        np.testing.assert_allclose(np.asarray(loss), want_loss, rtol=2e-5, err_msg=str(batch))
+        np.testing.assert_allclose(np.asarray(acc), want_acc, rtol=1e-6, err_msg=str(batch))
+        np.testing.assert_array_equal(np.asarray(count), sizes)
+        for got, ref in zip((loss, acc, count), segments, strict=True):
+            np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=2e-5)
+
+
+def test_batch_losses_of_clients_smaller_than_a_minibatch_are_whole_data_losses():
+    """Where no client holds more than a minibatch (static: the padded layout's width, the
+    flat layout's ``n_max``), only the largest client's positions are read and nothing is
+    drawn: each loss is its client's whole-data mean loss (NumPy), chunked or not."""
+    from fedjax_sel.training.evaluate import client_batch_losses
+
+    model = make_model("logreg", input_shape=(D,), num_classes=C)
+    params, numpy_rows = _logreg_numpy(model)
+    key = jax.random.key(5)
+    sizes = [3, 7, 1, 2, 8, 5, 6]
+    xs, ys = _clients(sizes)
+    listed = jnp.asarray([4, 0, 6, 2, 2, 1, 5, 3])
+    want = [np.mean(numpy_rows(xs[c], ys[c])[0]) for c in np.asarray(listed)]
+    for layout in ("padded", "flat"):
+        data = from_client_arrays(xs, ys, layout=layout)
+        assert (data.x.shape[1] if layout == "padded" else data.n_max) == 8
+        for chunk in (3, 8192):
+            got = client_batch_losses(model, params, data, listed, key, 8, chunk=chunk)
+            np.testing.assert_allclose(np.asarray(got), want, rtol=2e-5, err_msg=layout)
+
+
+def test_eval_rows_take_more_rows_only_for_small_activations():
+    """An all-client pass takes ``batch_size`` rows, or as many rows as fit the activation
+    budget: logistic regression's forward holds at least its logits and at most a few copies
+    of them per row; the CNN's first convolution alone (32 maps of 26 x 26) exceeds the budget
+    at 1,024 rows, so it keeps the batch."""
+    from fedjax_sel.training.evaluate import (
+        EVAL_PASS_BYTES,
+        activation_bytes_per_row,
+        eval_rows,
+    )
+
+    logreg = make_model("logreg", input_shape=(D,), num_classes=C)
+    data = from_client_arrays(*_clients([3, 5]))
+    params = logreg.init(jax.random.key(0))
+    per_row = activation_bytes_per_row(logreg, params, data)
+    assert 4 * C <= per_row <= 4 * 4 * C
+    assert eval_rows(logreg, params, data, 64) == EVAL_PASS_BYTES // per_row
+    assert eval_rows(logreg, params, data, 10**8) == 10**8
+    cnn = make_model("cnn", input_shape=(28, 28, 1), num_classes=10)
+    images = from_client_arrays([np.zeros((2, 28, 28, 1), np.float32)], [np.zeros(2, np.int32)])
+    cnn_params = cnn.init(jax.random.key(0))
+    assert activation_bytes_per_row(cnn, cnn_params, images) >= 32 * 26 * 26 * 4
+    assert eval_rows(cnn, cnn_params, images, 1024) == 1024
+
+
 def test_segment_sums_in_any_batch_size_match_numpy():
     """Per-segment loss, correct and count sums over 997 rows (some invalid) in batches that
     divide the rows or not (the last batch slices back over counted rows, which must not count

@@ -62,6 +62,8 @@ def interleaved_times(
     blocks timed one after the other would not. Per call: its ``times`` in order, their median
     ``seconds`` and ``min_seconds``, and ``first_seconds`` (the first warm-up call,
     compilation included)."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1 (a median needs one timing), got {repeats}")
 
     def timed(fn: Callable[[], object]) -> float:
         t = time.perf_counter()

@@ -272,7 +272,8 @@ def client_oracle(
         return ev.client_batch_losses(model, params, train_data, clients, key, batch_size)
 
     def all_losses(params):
-        return ev.evaluate_all_clients(model, params, train_data, bs)[0]
+        rows = ev.eval_rows(model, params, train_data, bs)
+        return ev.evaluate_all_clients(model, params, train_data, rows)[0]
 
     def train(params, clients, key, active=None):
         clients = jnp.asarray(clients, jnp.int32)

@@ -5,6 +5,7 @@ from fedjax_sel.training.evaluate import (
     client_losses,
     evaluate_all_clients,
     evaluate_central,
+    padded_client_sums,
     segment_sums,
 )
 from fedjax_sel.training.hparams import HParams
@@ -46,6 +47,7 @@ __all__ = [
     "make_trainer",
     "parallel_spec",
     "parse_parallel",
+    "padded_client_sums",
     "segment_sums",
     "server_optimizer",
     "server_spec",
