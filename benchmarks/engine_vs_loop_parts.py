@@ -2,7 +2,7 @@
 
 ``fedjax-sel bench throughput`` compares the whole compiled round with a Python loop over
 per-client trainers. This script splits the difference for one model and workload (fixed
-local steps, the same clients and data), timing four calls in turn (a, b, c, d, a, ...,
+local steps, the same clients and data), timing five calls in turn (a, b, c, d, e, a, ...,
 so a drifting machine slows them alike):
 
 * ``loop``: the benchmark's loop, one jitted ``lax.scan`` trainer per client (plain
@@ -12,11 +12,13 @@ so a drifting machine slows them alike):
   stacked data, its loss statistics) jitted once;
 * ``trainer``: the engine's trainer for all P clients in one program (``--mode``), which
   stacks the P clients' models;
-* ``round``: the whole compiled round (full participation: the trainer, then aggregation of
-  the stacked models and the server step).
+* ``trainer, aggregated as it trains``: the same with the aggregation weights (``map``
+  only): each client's update is added into a running sum as it finishes, as in the loop;
+* ``round``: the whole compiled round (full participation: the trainer, aggregating as it
+  trains where the mode allows, then the server step).
 
-The byte count printed with it: the stacked models the trainer writes and the round's
-aggregation reads. Writes JSON, prints a table::
+The byte count printed with it: the stacked models the stacked trainer writes (and an
+aggregation after it would read). Writes JSON, prints a table::
 
     python benchmarks/engine_vs_loop_parts.py --model mlp --per-round 100 \\
         --out benchmarks/results/cpu_xeon/engine_vs_loop_parts_mlp.json
@@ -72,8 +74,18 @@ def measure(model_name: str, per_round: int, mode: str, local_steps: int, repeat
         "loop": loop,
         "loop of the engine's update": loop_of_update,
         f"trainer ({mode})": lambda: train(params, data, clients, key),
-        f"round ({mode})": one_round,
     }
+    if trainer.streams:
+        w = jnp.asarray(weights, jnp.float32)
+        streamed = jax.jit(
+            lambda p, d, c, k: (
+                trainer(p, d, c, jnp.ones_like(c, bool), k, aggregate_weights=w).weighted_delta
+            )
+        )
+        calls[f"trainer ({mode}), aggregated as it trains"] = lambda: streamed(
+            params, data, clients, key
+        )
+    calls[f"round ({mode})"] = one_round
     times = interleaved_times(calls, repeats)
     loop_times = times["loop"]["times"]
     rows = []

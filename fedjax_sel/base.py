@@ -57,7 +57,8 @@ class TrainResult(NamedTuple):
     """Local training of a set of clients from given start parameters (stacked over clients).
 
     Attributes:
-      params: the clients' updated parameters, stacked on a leading axis.
+      params: the clients' updated parameters, stacked on a leading axis; ``None`` where the
+        trainer added each client's update into ``weighted_delta`` as it trained.
       loss: float32[n], mean training loss over the local steps.
       initial_loss: float32[n], loss of the start parameters on the first minibatch.
       loss_sq: float32[n], mean over local steps of the minibatch mean of squared per-example
@@ -65,6 +66,9 @@ class TrainResult(NamedTuple):
       num_steps: int32[n], local SGD steps actually taken.
       opt_states: the clients' optimizer states after training, stacked (only with persistent
         client state; ``None`` otherwise).
+      weighted_delta: ``sum_i w_i (theta_i - theta)`` over the slots, when the trainer was
+        given the aggregation weights ``w`` (then ``params`` is ``None``); else ``None``.
+      update_norm: float32[n], each slot's ``||theta_i - theta||`` with ``weighted_delta``.
     """
 
     params: Params
@@ -73,6 +77,8 @@ class TrainResult(NamedTuple):
     loss_sq: Array
     num_steps: Array
     opt_states: Any = None
+    weighted_delta: Any = None
+    update_norm: Any = None
 
 
 class Selection(NamedTuple):
@@ -183,7 +189,8 @@ class RoundFeedback(NamedTuple):
       params: global parameters before the round.
       new_params: global parameters after aggregation and the server step.
       deltas: pytree stacked over slots, ``theta_i - theta_start_i`` (zero for empty slots);
-        ``theta_start_i`` is ``params`` unless the strategy has ``start_params``.
+        ``theta_start_i`` is ``params`` unless the strategy has ``start_params``; ``None`` for
+        a strategy with ``reads_deltas=False`` whose clients trained one after another.
       train_loss: float32[per_round], mean local training loss.
       initial_loss: float32[per_round], loss of ``params`` on each client's first minibatch.
       loss_sq: float32[per_round], mean squared per-example loss over local steps.
@@ -257,6 +264,10 @@ class Strategy(NamedTuple):
       hyperparams: the names of the hyperparameters traced in its state
         (:func:`fedjax_sel.strategies.hyperparams.inject_hyperparams`); a grid of them shares
         one compiled program.
+      reads_deltas: its ``update`` reads ``RoundFeedback.deltas`` (the slots' models). Where
+        it does not (``False``) and the clients train one after another (``map``), the round
+        adds each client's update into the aggregate as it trains and never holds the P
+        models; ``feedback.deltas`` is then ``None``.
     """
 
     init: InitFn
@@ -268,6 +279,7 @@ class Strategy(NamedTuple):
     needs_system: bool = False
     asynchronous: bool = False
     hyperparams: tuple[str, ...] = ()
+    reads_deltas: bool = True
 
 
 class EmptyState(NamedTuple):

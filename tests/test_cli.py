@@ -315,7 +315,26 @@ def test_trace_is_written_and_split_by_phase(tmp_path, capsys):
     assert "local_training" in capsys.readouterr().out and (tmp_path / "p.png").exists()
 
 
-def test_engine_vs_loop_parts_times_the_four_parts_against_the_loop():
+def test_streamed_aggregation_script_times_the_same_round_both_ways():
+    """The benchmark builds the round twice (streamed, stacked: the strategy's flag alone
+    differs), times them in turns and reports their ratio; a mode that cannot stream is
+    refused before timing."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "streamed_aggregation.py"
+    spec = importlib.util.spec_from_file_location("streamed_aggregation", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = script.measure("logreg", "steps", per_round=3, mode="map", repeats=3)
+    assert len(out["streamed_times"]) == len(out["stacked_times"]) == 3
+    ratios = sorted(b / a for a, b in zip(out["streamed_times"], out["stacked_times"], strict=True))
+    assert out["stacked_over_streamed"] == pytest.approx(ratios[1])
+    assert out["ratio_range"] == [pytest.approx(ratios[0]), pytest.approx(ratios[-1])]
+    with pytest.raises(SystemExit, match="does not stream"):
+        script.measure("logreg", "steps", per_round=3, mode="vmap", repeats=1)
+
+
+def test_engine_vs_loop_parts_times_the_five_parts_against_the_loop():
     import importlib.util
 
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "engine_vs_loop_parts.py"
@@ -327,7 +346,13 @@ def test_engine_vs_loop_parts_times_the_four_parts_against_the_loop():
     assert out["num_params"] == 784 * 200 + 200 + 200 * 200 + 200 + 200 * 10 + 10 == 199_210
     assert out["stacked_model_bytes"] == 2 * 199_210 * 4
     parts = [r["part"] for r in out["rows"]]
-    assert parts == ["loop", "loop of the engine's update", "trainer (map)", "round (map)"]
+    assert parts == [
+        "loop",
+        "loop of the engine's update",
+        "trainer (map)",
+        "trainer (map), aggregated as it trains",
+        "round (map)",
+    ]
     loop = out["rows"][0]
     assert loop["loop_over_this"] == 1.0 and len(loop["times"]) == 2
     for r in out["rows"]:

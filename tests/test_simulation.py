@@ -33,8 +33,15 @@ def _sim(ds, strategy="uniform", per_round=4, **kw):
     )
 
 
-def test_round_is_weighted_average_of_independent_client_updates(digits):
-    sim = _sim(digits, chunk_size=1)
+@pytest.mark.parametrize("parallel", ["vmap", "map"])
+def test_round_is_weighted_average_of_independent_client_updates(digits, parallel):
+    """The new model is the size-weighted mean of the clients' updates, each trained alone;
+    under ``map`` the trainer adds them up as it trains (the P models are never stacked) and
+    the log's mean update norm is still that of the clients' own updates."""
+    from fedjax_sel.engine.round import streams_aggregate
+
+    sim = _sim(digits, chunk_size=1, parallel=parallel)
+    assert streams_aggregate(sim.round_spec) == (parallel == "map")
     state = sim.init(seed=3)
     new_state, log = sim.run_rounds(state, 1)
     clients, mask = log.clients[0], log.mask[0]
@@ -43,6 +50,7 @@ def test_round_is_weighted_average_of_independent_client_updates(digits):
     k_train = jax.random.fold_in(jax.random.fold_in(state.key, 0), 2)
     counts = np.asarray(digits.train.counts)
     expected = jax.tree.map(lambda p: np.zeros(p.shape, np.float64), state.params)
+    norms = []
     for c in clients:
         res = sim.trainer(state.params, digits.train, jnp.array([c]), jnp.ones(1, bool), k_train)
         w = counts[c] / counts[clients].sum()
@@ -52,6 +60,13 @@ def test_round_is_weighted_average_of_independent_client_updates(digits):
             res.params,
             state.params,
         )
+        sq = jax.tree.map(
+            lambda p, g: np.sum((np.asarray(p[0], np.float64) - np.asarray(g)) ** 2),
+            res.params,
+            state.params,
+        )
+        norms.append(np.sqrt(sum(jax.tree.leaves(sq))))
+    np.testing.assert_allclose(float(log.update_norm[0]), np.mean(norms), rtol=1e-5)
     for got, p0, e in zip(
         jax.tree.leaves(new_state.params),
         jax.tree.leaves(state.params),

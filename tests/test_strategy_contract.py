@@ -4,6 +4,8 @@ Shapes, no duplicate picks, never an unavailable client, finite non-negative wei
 deterministic for a key (a fresh trace of a new strategy object picks the same clients),
 strategy-state structure unchanged by update, and one trace of the round across rounds; for
 every registered strategy with its defaults and for the variants that change its code path.
+The clients train one after another (``map``), so a strategy that declares it does not read
+the slots' models (``reads_deltas=False``) gets none: its round aggregates as it trains.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import pytest
 
 from fedjax_sel.availability import markov
 from fedjax_sel.data import load_dataset
-from fedjax_sel.engine.round import select_phase
+from fedjax_sel.engine.round import select_phase, streams_aggregate
 from fedjax_sel.models import make_model
 from fedjax_sel.simulation import Simulation
 from fedjax_sel.strategies import STRATEGIES, make_strategy
@@ -64,7 +66,7 @@ def _simulation(name, dataset, args=None):
         per_round=per_round,
         num_rounds=5,
         availability=markov(pi=0.6, lam=0.3),
-        parallel="vmap",
+        parallel="map",
         chunk_size=1,
     ), per_round
 
@@ -74,6 +76,7 @@ def _simulation(name, dataset, args=None):
 )
 def test_strategy_contract(name, args, dataset):
     sim, per_round = _simulation(name, dataset, args)
+    assert streams_aggregate(sim.round_spec) == (not sim.strategy.reads_deltas)
     state = sim.init(seed=0)
     structure = jax.tree.structure(state.strategy_state)
 

@@ -92,6 +92,52 @@ def test_full_batch_local_steps_match_numpy(mode, opts):
     np.testing.assert_array_equal(res.num_steps, [5, 5, 5])
 
 
+def test_streamed_aggregation_is_the_weighted_sum_of_the_stacked_updates():
+    """``map`` with the aggregation weights: the running sum equals the weighted sum of the
+    stacked run's deltas (an inactive slot adds nothing, whatever its weight; a step limit
+    cuts a slot), each slot's norm is its delta's, the metrics and the persistent optimizer
+    states are the stacked run's; other modes refuse the weights."""
+    from fedjax_sel.training import client_optimizer
+
+    sizes = [4, 7, 6, 9]
+    xs, ys = _clients(sizes)
+    data = from_client_arrays(xs, ys, layout="padded")
+    model = make_model("logreg", input_shape=(D,), num_classes=C)
+    params = _params(model)
+    cfg = LocalConfig(batch_size=4, lr=0.3, local_steps=4, momentum=0.9)
+    clients, active = jnp.array([2, 0, 3, 1]), jnp.array([True, True, False, True])
+    weights = jnp.array([0.5, 0.2, 0.7, 0.3])
+    limit = jnp.array([4, 2, 4, 3])
+    train = make_trainer(model, cfg, data.n_max, parallel="map", persistent_state=True)
+    assert train.streams
+    states = jax.tree.map(lambda a: jnp.stack([a] * 4), client_optimizer(cfg).init(params))
+    args = (params, data, clients, active, jax.random.key(2), states, False, limit)
+    stacked = train(*args)
+    streamed = train(*args, aggregate_weights=weights)
+    assert streamed.params is None
+    w = np.where(np.asarray(active), np.asarray(weights), 0.0)
+    sq = np.zeros(4)
+    for name in ("kernel", "bias"):
+        delta = np.asarray(stacked.params["Dense_0"][name]) - np.asarray(params["Dense_0"][name])
+        want = np.tensordot(w, delta, axes=1)
+        got = np.asarray(streamed.weighted_delta["Dense_0"][name])
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+        sq += np.sum(delta.reshape(4, -1) ** 2, axis=1)
+    np.testing.assert_allclose(np.asarray(streamed.update_norm), np.sqrt(sq), rtol=1e-5)
+    assert float(streamed.update_norm[2]) == 0.0
+    np.testing.assert_array_equal(np.asarray(streamed.num_steps), [4, 2, 0, 3])
+    for field in ("loss", "initial_loss", "loss_sq", "num_steps"):
+        np.testing.assert_array_equal(getattr(streamed, field), getattr(stacked, field))
+    for a, b in zip(
+        jax.tree.leaves(streamed.opt_states), jax.tree.leaves(stacked.opt_states), strict=True
+    ):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    vmapped = make_trainer(model, cfg, data.n_max, parallel="vmap")
+    assert not vmapped.streams
+    with pytest.raises(ValueError, match="map mode"):
+        vmapped(*args[:5], aggregate_weights=weights)
+
+
 def test_ridge_enters_the_gradient():
     xs, ys = _clients([6])
     data = from_client_arrays(xs, ys)

@@ -435,6 +435,19 @@ def select_phase(spec: RoundSpec, state: SimState, data: SimData):
     return state, selection._replace(timing=timing), choice.available
 
 
+def streams_aggregate(spec: RoundSpec) -> bool:
+    """Whether the round's trainer adds each client's update into the aggregate as it trains
+    (``map`` on one device, a strategy that neither reads the slots' models nor starts them
+    from their own, synchronous rounds): the loop's memory, one model and the running sum."""
+    strategy = spec.strategy
+    return (
+        getattr(spec.trainer, "streams", False)
+        and not strategy.reads_deltas
+        and strategy.start_params is None
+        and spec.asynchronous is None
+    )
+
+
 def start_params(spec: RoundSpec, state: SimState, selection: Selection):
     if spec.strategy.start_params is None:
         return None
@@ -460,6 +473,8 @@ def train_phase(
         states = jax.tree.map(lambda s: s[clients], state.client_opt_states)
     starts = start_params(spec, state, selection)
     per_slot = starts is not None
+    # only where it streams: a trainer of one's own need not take the argument
+    streamed = {"aggregate_weights": selection.weights} if streams_aggregate(spec) else {}
     with jax.named_scope("local_training"):
         return spec.trainer(
             starts if per_slot else state.params,
@@ -471,6 +486,7 @@ def train_phase(
             per_slot,
             selection.timing.step_limit,
             hparams=state.hparams,
+            **streamed,
         )
 
 
@@ -500,9 +516,10 @@ def _report(
 ) -> _Report:
     """What a synchronous round and FedBuff's server update both do once the updates are in
     (``selection``: the slots that sent one, and their weights): the strategy's feedback and
-    update, the selection counts and weight sums, and the log's means over those slots."""
+    update, the selection counts and weight sums, and the log's means over those slots
+    (``deltas`` is ``None`` where the trainer aggregated as it trained)."""
     mask, clients = selection.mask, selection.clients
-    norms = stacked_norms(deltas)
+    norms = result.update_norm if deltas is None else stacked_norms(deltas)
     feedback = RoundFeedback(
         round=state.round,
         available=available,
@@ -603,12 +620,15 @@ def aggregate_phase(
 ):
     timing = selection.timing
     mask = selection.mask
-    starts = start_params(spec, state, selection)
-    if starts is None:
-        starts = jax.tree.map(lambda g: g[None], state.params)
-    deltas = masked_deltas(mask, result.params, starts)
-    with jax.named_scope("aggregation"):
-        delta = weighted_delta(deltas, selection.weights, mask)
+    if result.params is None:  # aggregated by the trainer (streams_aggregate)
+        deltas, delta = None, result.weighted_delta
+    else:
+        starts = start_params(spec, state, selection)
+        if starts is None:
+            starts = jax.tree.map(lambda g: g[None], state.params)
+        deltas = masked_deltas(mask, result.params, starts)
+        with jax.named_scope("aggregation"):
+            delta = weighted_delta(deltas, selection.weights, mask)
     new_params, server_state = _server_update(spec, state, delta, jnp.any(mask))
     report = _report(
         spec,

@@ -210,7 +210,7 @@ def availability_weighted(
             )
             return Selection(clients, mask, weights, diagnostics=diagnostics), CountsState(counts)
 
-        return Strategy(init, select, update_identity)
+        return Strategy(init, select, update_identity, reads_deltas=False)
 
     return inject_hyperparams(build, **traced, prior_rounds=prior_rounds)
 

@@ -197,6 +197,6 @@ def active_fl(
             idx = jnp.where(selection.mask, selection.clients, state.values.shape[0])
             return ActiveFLState(state.values.at[idx].set(feedback.train_loss, mode="drop"))
 
-        return Strategy(init, select, update)
+        return Strategy(init, select, update, reads_deltas=False)
 
     return inject_hyperparams(build, alpha1=alpha1, alpha2=alpha2)

@@ -238,6 +238,6 @@ def ca_fed(
             new_state = CAFedState(counts, loss_est, loss_min, started)
             return Selection(clients, mask, weights, diagnostics=diagnostics), new_state
 
-        return Strategy(init, select, update_identity)
+        return Strategy(init, select, update_identity, reads_deltas=False)
 
     return inject_hyperparams(build, kappa2=kappa2, tau=tau, beta=beta, prior_rounds=prior_rounds)

@@ -94,6 +94,7 @@ def f3ast(
             functools.partial(init, beta),
             functools.partial(select, prior_rounds),
             update_identity,
+            reads_deltas=False,
         )
 
     def select(prior_rounds, state, inputs, oracle, key):

@@ -375,4 +375,4 @@ def filfl(
         del params, evaluator
         return {"filtered_size": jnp.sum(state.filtered).astype(jnp.float32)}
 
-    return Strategy(init, select, update, metrics=metrics)
+    return Strategy(init, select, update, metrics=metrics, reads_deltas=False)

@@ -38,4 +38,4 @@ def full(*, per_round: int, weighting: Weighting = "size") -> Strategy:
         weights = fedavg_weights(inputs.num_examples, clients, mask, weighting)
         return Selection(clients, mask, weights), state
 
-    return Strategy(init, select, update_identity)
+    return Strategy(init, select, update_identity, reads_deltas=False)

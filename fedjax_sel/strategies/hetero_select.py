@@ -264,6 +264,6 @@ def hetero_select(
             per_client = jnp.zeros((k,), jnp.float32).at[idx].set(reported, mode="drop")
             return _record_loss(state, picked, per_client)
 
-        return Strategy(init, select, update)
+        return Strategy(init, select, update, reads_deltas=False)
 
     return inject_hyperparams(build, eta=eta, gamma=gamma, alpha=alpha, tau0=tau0)

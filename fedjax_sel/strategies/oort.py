@@ -269,6 +269,7 @@ def oort(
             metrics=functools.partial(metrics, h),
             needs_system=True,
             asynchronous=True,
+            reads_deltas=False,
         )
 
     def select(h, state, inputs, oracle, key):

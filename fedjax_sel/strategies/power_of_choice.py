@@ -98,4 +98,4 @@ def power_of_choice(
         idx = jnp.where(selection.mask, selection.clients, state.last_loss.shape[0])
         return PowerOfChoiceState(state.last_loss.at[idx].set(feedback.train_loss, mode="drop"))
 
-    return Strategy(init, select, update, asynchronous=True)
+    return Strategy(init, select, update, asynchronous=True, reads_deltas=False)

@@ -30,4 +30,6 @@ def uniform(*, per_round: int, weighting: Weighting = "size") -> Strategy:
         law = inputs.available / jnp.maximum(jnp.sum(inputs.available), 1)
         return Selection(clients, mask, weights, diagnostics={"law": law}), state
 
-    return Strategy(init_empty_state, select, update_identity, asynchronous=True)
+    return Strategy(
+        init_empty_state, select, update_identity, asynchronous=True, reads_deltas=False
+    )

@@ -386,7 +386,7 @@ def make_trainer(
     mesh: jax.sharding.Mesh | None = None,
 ) -> Callable:
     """Builds ``train(params, data, clients, active, key, client_opt_states=None,
-    per_slot_params=False, step_limit=None, hparams=None)``.
+    per_slot_params=False, step_limit=None, hparams=None, aggregate_weights=None)``.
 
     Trains the listed clients (int32[P]) and returns a :class:`TrainResult` (with the slots'
     new optimizer states when ``persistent_state``). All slots start from ``params``, or, with
@@ -395,12 +395,19 @@ def make_trainer(
     randomness is ``fold_in(key, client_id)``. ``step_limit`` (int32[P]): slot i stops after
     that many SGD steps (stragglers cut by a deadline). ``hparams``: traced learning rate and
     FedProx mu (:class:`~fedjax_sel.training.hparams.HParams`; default ``cfg``'s).
+
+    ``aggregate_weights`` (float32[P], where ``train.streams``: the ``map`` mode on one
+    device, slots starting from the shared ``params``): the slots run in a ``lax.scan`` that
+    adds ``w_i (theta_i - theta)`` into a running sum as each finishes, as a plain loop over
+    the clients would, so the P updated models are never held at once; the result has
+    ``params=None``, the sum as ``weighted_delta`` and each slot's ``update_norm``.
     """
     mode, chunk = parse_parallel(parallel)
     if mode == "auto":
         mode, chunk = auto_parallel(model)
     update = make_client_update(model, cfg, n_max)
     tx = client_optimizer(cfg)
+    streams = mode == "map" and (mesh is None or mesh.devices.size == 1)
 
     def train(
         params,
@@ -412,6 +419,7 @@ def make_trainer(
         per_slot_params=False,
         step_limit=None,
         hparams=None,
+        aggregate_weights=None,
     ):
         clients = jnp.asarray(clients, jnp.int32)
         keys = jax.vmap(lambda c: jax.random.fold_in(key, c))(clients)
@@ -444,6 +452,13 @@ def make_trainer(
             zero = jnp.zeros((), jnp.float32)
             return p0, opt_state, zero, zero, zero, jnp.zeros((), jnp.int32)
 
+        if aggregate_weights is not None:
+            if not streams or per_slot_params:
+                raise ValueError(
+                    "aggregate_weights needs the map mode on one device and shared start "
+                    f"parameters (mode {mode!r}, per_slot_params={per_slot_params})"
+                )
+            return _streamed(one, skip, params, args, active, aggregate_weights, persistent_state)
         on = active
         group = cfg.local_epochs is not None and mode == "chunked"
         if group:  # chunks of clients with close step counts: little padding per chunk
@@ -458,19 +473,47 @@ def make_trainer(
         p, s, loss, first, sq, steps = outs
         starts = params if per_slot_params else jax.tree.map(lambda x: x[None], params)
         p = masked_rows(active, p, starts)
-        on = active.astype(jnp.float32)
-        result = TrainResult(
-            params=p,
-            loss=loss * on,
-            initial_loss=first * on,
-            loss_sq=sq * on,
-            num_steps=steps * active.astype(jnp.int32),
-            opt_states=s if persistent_state else None,
-        )
-        return result
+        return _result(active, (loss, first, sq, steps), s if persistent_state else None, p)
 
     train.mode = (mode, chunk)  # type: ignore[attr-defined]
+    train.streams = streams  # type: ignore[attr-defined]
     return train
+
+
+def _streamed(one, skip, params, args, active, weights, persistent_state: bool) -> TrainResult:
+    """The ``map`` mode with the aggregation inside: a ``lax.scan`` over the slots whose carry
+    is ``sum_i w_i (theta_i - theta)`` (float32), skipped slots adding nothing."""
+    w = jnp.where(active, weights, 0.0).astype(jnp.float32)
+
+    def body(total, slot):
+        flag, w_i, rest = slot[0], slot[1], slot[2:]
+        p, s, loss, first, sq, steps = jax.lax.cond(flag, lambda: one(*rest), lambda: skip(*rest))
+        delta = jax.tree.map(lambda a, g: (a - g).astype(jnp.float32), p, params)
+        norm = jnp.sqrt(sum(jnp.sum(jnp.square(d)) for d in jax.tree.leaves(delta)))
+        total = jax.tree.map(lambda t, d: t + w_i * d, total, delta)
+        # the optimizer states are stacked only when kept (momentum: one model per slot)
+        return total, (norm, s if persistent_state else None, loss, first, sq, steps)
+
+    zero = jax.tree.map(lambda g: jnp.zeros(g.shape, jnp.float32), params)
+    total, (norms, s, *metrics) = jax.lax.scan(body, zero, (active, w, *args))
+    norms = norms * active.astype(jnp.float32)
+    return _result(active, metrics, s, None, weighted_delta=total, update_norm=norms)
+
+
+def _result(active, metrics, opt_states, params, **aggregate) -> TrainResult:
+    """The slots' result, inactive slots' metrics zeroed: ``metrics`` = (loss, first loss,
+    squared loss, steps)."""
+    loss, first, sq, steps = metrics
+    on = active.astype(jnp.float32)
+    return TrainResult(
+        params=params,
+        loss=loss * on,
+        initial_loss=first * on,
+        loss_sq=sq * on,
+        num_steps=steps * active.astype(jnp.int32),
+        opt_states=opt_states,
+        **aggregate,
+    )
 
 
 def executed_steps(step_counts: np.ndarray, mode: str, chunk: int | None) -> int:
