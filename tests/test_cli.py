@@ -334,6 +334,23 @@ def test_streamed_aggregation_script_times_the_same_round_both_ways():
         script.measure("logreg", "steps", per_round=3, mode="vmap", repeats=1)
 
 
+def test_seed_batches_map_script_rows():
+    """Both modes, masks the same and differing, each ratio its two timings' quotient."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "seed_batches_map.py"
+    spec = importlib.util.spec_from_file_location("seed_batches_map", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    rows = script.measure(per_round=3, repeats=1)
+    assert [(r["mode"], r["active masks"]) for r in rows] == [
+        (m, k) for m in ("map", "vmap") for k in ("the same", "differing")
+    ]
+    for r in rows:
+        ratio = r["two_members_seconds_per_member"] / r["one_member_seconds"]
+        assert r["per_member_ratio"] == pytest.approx(ratio)
+
+
 def test_engine_vs_loop_parts_times_the_five_parts_against_the_loop():
     import importlib.util
 

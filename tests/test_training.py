@@ -138,6 +138,33 @@ def test_streamed_aggregation_is_the_weighted_sum_of_the_stacked_updates():
         vmapped(*args[:5], aggregate_weights=weights)
 
 
+def test_active_slots_loop_runs_only_active_slots_alone_or_vmapped():
+    """Only the active slots run the step, in slot order (the carry sees them in that order),
+    each output lands at its own slot and the inactive slots keep the given outputs; vmapped
+    over members whose masks differ, each member gets what it gets alone."""
+    from fedjax_sel.training.local import active_slots_loop
+
+    x = jnp.arange(6.0) + 1.0
+
+    def step(carry, xi):
+        return carry * 10 + xi, xi**2
+
+    def run(active):
+        return active_slots_loop(step, jnp.float32(0), jnp.full((6,), -1.0), (x,), active)
+
+    active = jnp.array([True, False, True, True, False, True])
+    carry, outs = run(active)
+    assert float(carry) == 1346.0  # slots 0, 2, 3, 5 in order: ((1*10+3)*10+4)*10+6
+    np.testing.assert_array_equal(outs, [1.0, -1.0, 9.0, 16.0, -1.0, 36.0])
+    masks = jnp.stack([active, jnp.array([False, True, False, False, False, False])])
+    carries, batched = jax.vmap(run)(masks)
+    for m in range(2):
+        c, o = run(masks[m])
+        assert float(carries[m]) == float(c)
+        np.testing.assert_array_equal(batched[m], o)
+    assert float(run(jnp.zeros(6, bool))[0]) == 0.0
+
+
 def test_ridge_enters_the_gradient():
     xs, ys = _clients([6])
     data = from_client_arrays(xs, ys)

@@ -317,6 +317,31 @@ def auto_parallel(model: Model, backend: str | None = None) -> tuple[str, int | 
     return parse_parallel(model.cpu_parallel)
 
 
+def active_slots_loop(step: Callable, carry, init_outs, args, active: Array):
+    """``carry, out_i = step(carry, *args_i)`` for the active slots only, one after another in
+    slot order, each ``out_i`` written at slot i of ``init_outs`` (the inactive slots'
+    outputs); returns ``(carry, outs)``.
+
+    A ``while_loop`` over the active slots' indices rather than a ``lax.cond`` per slot: under
+    ``vmap`` (seeds batched, devices grouped) a cond whose flag differs between members runs
+    as a select, which XLA:CPU ran about 10 times slower per member than one member alone
+    (`benchmarks/results/cpu_xeon/seed_batches_map.json`); the loop runs to the largest
+    member's count of active slots instead."""
+    order = jnp.argsort(jnp.logical_not(active), stable=True)  # active slots first
+    count = jnp.sum(active.astype(jnp.int32))
+
+    def body(state):
+        i, c, outs = state
+        j = order[i]
+        c, res = step(c, *jax.tree.map(lambda a: a[j], args))
+        outs = jax.tree.map(lambda o, r: o.at[j].set(r), outs, res)
+        return i + 1, c, outs
+
+    state = (jnp.zeros((), jnp.int32), carry, init_outs)
+    _, carry, outs = jax.lax.while_loop(lambda s: s[0] < count, body, state)
+    return carry, outs
+
+
 def parallel_over_slots(
     fn: Callable,
     mode: str,
@@ -330,8 +355,8 @@ def parallel_over_slots(
     * ``vmap``: all slots at once.
     * ``map``: one slot after another inside the compiled program (``lax.map``); with an
       ``active`` mask and a ``skip_fn`` (same arguments and output structure as ``fn``),
-      inactive slots run ``skip_fn`` instead (``lax.cond``; under ``vmap`` a cond would run
-      both branches, so there every slot computes).
+      only the active slots run ``fn`` (:func:`active_slots_loop`), the others output
+      ``skip_fn``'s (computed for every slot at once).
     * ``chunked``: ``lax.map`` over chunks of ``chunk`` slots, ``vmap`` inside a chunk
       (with local epochs, :func:`make_trainer` first sorts the slots by size, so each chunk's
       batched loop runs to a step count close to its clients' own).
@@ -345,12 +370,8 @@ def parallel_over_slots(
         if mode == "vmap":
             return jax.vmap(fn)(*args)
         if mode == "map" and on is not None and skip_fn is not None:
-
-            def one(a):
-                flag, rest = a[0], a[1:]
-                return jax.lax.cond(flag, lambda: fn(*rest), lambda: skip_fn(*rest))
-
-            return jax.lax.map(one, (on,) + tuple(args))
+            skipped = jax.vmap(skip_fn)(*args)
+            return active_slots_loop(lambda c, *a: (c, fn(*a)), (), skipped, args, on)[1]
         return jax.lax.map(
             lambda a: fn(*a), tuple(args), batch_size=chunk if mode == "chunked" else None
         )
@@ -397,7 +418,7 @@ def make_trainer(
     FedProx mu (:class:`~fedjax_sel.training.hparams.HParams`; default ``cfg``'s).
 
     ``aggregate_weights`` (float32[P], where ``train.streams``: the ``map`` mode on one
-    device, slots starting from the shared ``params``): the slots run in a ``lax.scan`` that
+    device, slots starting from the shared ``params``): the active slots run in a loop that
     adds ``w_i (theta_i - theta)`` into a running sum as each finishes, as a plain loop over
     the clients would, so the P updated models are never held at once; the result has
     ``params=None``, the sum as ``weighted_delta`` and each slot's ``update_norm``.
@@ -481,21 +502,23 @@ def make_trainer(
 
 
 def _streamed(one, skip, params, args, active, weights, persistent_state: bool) -> TrainResult:
-    """The ``map`` mode with the aggregation inside: a ``lax.scan`` over the slots whose carry
-    is ``sum_i w_i (theta_i - theta)`` (float32), skipped slots adding nothing."""
+    """The ``map`` mode with the aggregation inside: a loop over the active slots whose carry
+    is ``sum_i w_i (theta_i - theta)`` (float32), in slot order."""
     w = jnp.where(active, weights, 0.0).astype(jnp.float32)
 
-    def body(total, slot):
-        flag, w_i, rest = slot[0], slot[1], slot[2:]
-        p, s, loss, first, sq, steps = jax.lax.cond(flag, lambda: one(*rest), lambda: skip(*rest))
+    def body(total, w_i, *rest):
+        p, s, loss, first, sq, steps = one(*rest)
         delta = jax.tree.map(lambda a, g: (a - g).astype(jnp.float32), p, params)
         norm = jnp.sqrt(sum(jnp.sum(jnp.square(d)) for d in jax.tree.leaves(delta)))
         total = jax.tree.map(lambda t, d: t + w_i * d, total, delta)
         # the optimizer states are stacked only when kept (momentum: one model per slot)
         return total, (norm, s if persistent_state else None, loss, first, sq, steps)
 
+    # the skipped slots' outputs (a zero norm; their states and zero metrics), computed at once
+    _, s0, *zeros = jax.vmap(skip)(*args)
+    skipped = (jnp.zeros(active.shape, jnp.float32), s0 if persistent_state else None, *zeros)
     zero = jax.tree.map(lambda g: jnp.zeros(g.shape, jnp.float32), params)
-    total, (norms, s, *metrics) = jax.lax.scan(body, zero, (active, w, *args))
+    total, (norms, s, *metrics) = active_slots_loop(body, zero, skipped, (w, *args), active)
     norms = norms * active.astype(jnp.float32)
     return _result(active, metrics, s, None, weighted_delta=total, update_norm=norms)
 

@@ -1,0 +1,117 @@
+"""Seeds batched (``vmap``) over the engine's trainer in the ``map`` mode: seconds per member.
+
+A sweep runs the paired seeds of a cell together, vmapped over a leading member axis. In the
+``map`` mode the trainer runs only its active slots; the members select different clients, so
+which slots are active differs between them. This script times the trainer of P clients
+(logistic regression on MNIST-sized flat clients, fixed steps, the shared data) for one member
+and for two members vmapped, with the active mask the same for both members or differing
+(one slot off in the second), and, for reference, ``vmap``. Public functions only, so the same
+file times an older checkout (``PYTHONPATH=<checkout>``, ``--label``)::
+
+    python benchmarks/seed_batches_map.py --label after \\
+        --out benchmarks/results/cpu_xeon/seed_batches_map.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import fedjax_sel
+from fedjax_sel.bench.common import machine_info, print_table, write_json_rows
+from fedjax_sel.data import from_client_arrays
+from fedjax_sel.models import make_model
+from fedjax_sel.training import LocalConfig
+from fedjax_sel.training.local import make_trainer
+
+
+def best_seconds(fn, *args, repeats: int) -> float:
+    jax.block_until_ready(fn(*args))
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def measure(per_round: int, repeats: int) -> list[dict]:
+    rng = np.random.default_rng(0)
+    sizes = rng.integers(100, 950, per_round)
+    xs = [rng.normal(size=(n, 784)).astype(np.float32) for n in sizes]
+    ys = [rng.integers(0, 10, n).astype(np.int32) for n in sizes]
+    data = from_client_arrays(xs, ys, layout="flat")
+    model = make_model("logreg", input_shape=(784,), num_classes=10)
+    params = model.init(jax.random.key(0))
+    cfg = LocalConfig(batch_size=64, lr=0.1, local_steps=16)
+    clients = jnp.arange(per_round, dtype=jnp.int32)
+    keys = jax.random.split(jax.random.key(1), 2)
+    same = jnp.ones((2, per_round), bool)
+    differ = same.at[1, 0].set(False)
+    rows = []
+    for mode in ("map", "vmap"):
+        trainer = make_trainer(model, cfg, data.n_max, parallel=mode)
+
+        def train(p, k, active, trainer=trainer):
+            return trainer(p, data, clients, active, k).params
+
+        alone = best_seconds(jax.jit(train), params, keys[0], same[0], repeats=repeats)
+        batched = jax.jit(jax.vmap(train, in_axes=(None, 0, 0)))
+        for masks, active in (("the same", same), ("differing", differ)):
+            two = best_seconds(batched, params, keys, active, repeats=repeats) / 2
+            rows.append(
+                {
+                    "mode": mode,
+                    "active masks": masks,
+                    "per_round": per_round,
+                    "one_member_seconds": alone,
+                    "two_members_seconds_per_member": two,
+                    "per_member_ratio": two / alone,
+                }
+            )
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--per-round", type=int, default=100)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--label", default="this checkout", help="names these rows in the JSON")
+    ap.add_argument("--out", help="JSON file; rows of other labels already there are kept")
+    a = ap.parse_args()
+    rows = measure(a.per_round, a.repeats)
+    for r in rows:
+        r["label"] = a.label
+    print_table(
+        rows,
+        [
+            ("label", "label", "{}"),
+            ("mode", "mode", "{}"),
+            ("masks", "active masks", "{}"),
+            ("1 member s", "one_member_seconds", "{:.4f}"),
+            ("2 members, s/member", "two_members_seconds_per_member", "{:.4f}"),
+            ("ratio", "per_member_ratio", "{:.2f}"),
+        ],
+    )
+    if a.out:
+        source = Path(fedjax_sel.__file__).resolve().parent.parent
+        commit = subprocess.run(
+            ["git", "-C", str(source), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        old = json.loads(Path(a.out).read_text()) if Path(a.out).is_file() else {"runs": []}
+        runs = [r for r in old["runs"] if r["label"] != a.label]
+        runs.append({"label": a.label, "commit": commit, "machine": machine_info(), "rows": rows})
+        write_json_rows(a.out, {"command": "python benchmarks/seed_batches_map.py", "runs": runs})
+
+
+if __name__ == "__main__":
+    main()
