@@ -119,8 +119,8 @@ def activation_bytes_per_row(model: Model, params: Params, data: ClientData) -> 
     """Bytes of every value the model's forward pass computes for one example (its traced
     program's outputs, summed: an upper bound on what one example holds at a time)."""
     spec = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), params)
-    x = data._features(jnp.zeros((1,) + data.feature_shape, data.x.dtype))
-    row = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    stored = jax.ShapeDtypeStruct((1,) + data.feature_shape, data.x.dtype)
+    row = jax.eval_shape(data._features, stored)  # shapes only: nothing joins a traced round
     jaxpr = jax.make_jaxpr(model.apply)(spec, row)
     return sum(v.aval.size * v.aval.dtype.itemsize for e in jaxpr.eqns for v in e.outvars)
 
@@ -155,14 +155,14 @@ def padded_client_sums(
             return jax.lax.dynamic_slice_in_dim(a, start, chunk)
 
         x, y, counts = rows(data.x), rows(data.y), rows(data.counts)
-        out = model.apply(params, data._features(x.reshape((chunk * n_max,) + x.shape[2:])))
+        x, y = x.reshape((chunk * n_max,) + x.shape[2:]), y.reshape((chunk * n_max,) + y.shape[2:])
+        out = model.apply(params, data._features(x))
         w = (positions[None, :] < counts[:, None]).astype(jnp.float32)
-        loss = model.loss(out, y.reshape((chunk * n_max,) + y.shape[2:])).reshape(chunk, n_max)
+        loss = model.loss(out, y).reshape(chunk, n_max)
         if model.correct is None:
             correct = jnp.zeros_like(w)
         else:
-            correct = model.correct(out, y.reshape((chunk * n_max,) + y.shape[2:]))
-            correct = correct.reshape(chunk, n_max)
+            correct = model.correct(out, y).reshape(chunk, n_max)
         return jnp.sum(loss * w, 1), jnp.sum(correct * w, 1), jnp.sum(w, 1)
 
     sums = jax.lax.map(one, jnp.arange(nb))
@@ -257,10 +257,9 @@ def client_batch_losses(
     chunk: int = BATCH_LOSS_CHUNK,
 ) -> Array:
     """Mean loss on one random minibatch (with replacement; the whole data when smaller), of
-    each listed client (float32[n]). More than
-    ``chunk`` clients run ``chunk`` at a time (``lax.map`` over chunks, ``vmap`` inside), so
-    memory is bounded whatever n; each client's draw depends only on ``key`` and its id, so
-    the result does not depend on ``chunk``.
+    each listed client (float32[n]). More than ``chunk`` clients run ``chunk`` at a time
+    (``lax.map`` over chunks, ``vmap`` inside), so memory is bounded whatever n; each client's
+    draw depends only on ``key`` and its id, so the result does not depend on ``chunk``.
 
     Where no client holds more than ``batch_size`` examples (known from the shapes), every
     minibatch is its client's whole data: nothing is drawn and only the largest client's

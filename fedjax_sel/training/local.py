@@ -509,17 +509,17 @@ def _streamed(one, skip, params, args, active, weights, persistent_state: bool) 
     def body(total, w_i, *rest):
         p, s, loss, first, sq, steps = one(*rest)
         delta = jax.tree.map(lambda a, g: (a - g).astype(jnp.float32), p, params)
-        norm = jnp.sqrt(sum(jnp.sum(jnp.square(d)) for d in jax.tree.leaves(delta)))
+        norm = jnp.sqrt(sq_norm(delta))
         total = jax.tree.map(lambda t, d: t + w_i * d, total, delta)
         # the optimizer states are stacked only when kept (momentum: one model per slot)
         return total, (norm, s if persistent_state else None, loss, first, sq, steps)
 
-    # the skipped slots' outputs (a zero norm; their states and zero metrics), computed at once
+    # the skipped slots' outputs (a zero norm; their states and zero metrics), computed at once;
+    # the loop writes only the active slots, so the skipped ones keep these
     _, s0, *zeros = jax.vmap(skip)(*args)
     skipped = (jnp.zeros(active.shape, jnp.float32), s0 if persistent_state else None, *zeros)
     zero = jax.tree.map(lambda g: jnp.zeros(g.shape, jnp.float32), params)
     total, (norms, s, *metrics) = active_slots_loop(body, zero, skipped, (w, *args), active)
-    norms = norms * active.astype(jnp.float32)
     return _result(active, metrics, s, None, weighted_delta=total, update_norm=norms)
 
 
