@@ -25,15 +25,12 @@ uses public functions only, so the same file times an older checkout: run it wit
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+from labelled_runs import write_labelled_run
 
-import fedjax_sel
-from fedjax_sel.bench.common import machine_info, print_table, time_call, write_json_rows
+from fedjax_sel.bench.common import print_table, time_call
 from fedjax_sel.data.client_data import ClientData
 from fedjax_sel.kernels import kmeans as kmeans_lib
 from fedjax_sel.kernels import nystrom
@@ -127,18 +124,6 @@ def ca_fed_parts(num_clients: int, repeats: int) -> list[dict]:
     ]
 
 
-def commit(source: str) -> str:
-    try:
-        return subprocess.run(
-            ["git", "-C", source, "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--clients", type=int, default=1_000_000)
@@ -147,7 +132,6 @@ def main() -> None:
     ap.add_argument("--out", help="JSON file; rows of other labels already there are kept")
     a = ap.parse_args()
     rows = fedcvr_parts(a.clients, a.repeats) + ca_fed_parts(a.clients, a.repeats)
-    source = str(Path(fedjax_sel.__file__).resolve().parent.parent)
     for r in rows:
         r.update(label=a.label, clients=a.clients)
     print_table(
@@ -161,20 +145,12 @@ def main() -> None:
         ],
     )
     if a.out:
-        old = json.loads(Path(a.out).read_text()) if Path(a.out).is_file() else {"runs": []}
-        runs = [r for r in old["runs"] if r["label"] != a.label]
-        runs.append(
-            {
-                "label": a.label,
-                "source": source,
-                "commit": commit(source),
-                "machine": machine_info(),
-                "repeats": a.repeats,
-                "rows": rows,
-            }
-        )
-        write_json_rows(
-            a.out, {"command": "python benchmarks/million_selection_parts.py", "runs": runs}
+        write_labelled_run(
+            a.out,
+            "python benchmarks/million_selection_parts.py",
+            a.label,
+            rows,
+            repeats=a.repeats,
         )
 
 

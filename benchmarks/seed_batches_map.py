@@ -15,17 +15,14 @@ file times an older checkout (``PYTHONPATH=<checkout>``, ``--label``)::
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from labelled_runs import write_labelled_run
 
-import fedjax_sel
-from fedjax_sel.bench.common import machine_info, print_table, write_json_rows
+from fedjax_sel.bench.common import print_table
 from fedjax_sel.data import from_client_arrays
 from fedjax_sel.models import make_model
 from fedjax_sel.training import LocalConfig
@@ -101,16 +98,7 @@ def main() -> None:
         ],
     )
     if a.out:
-        source = Path(fedjax_sel.__file__).resolve().parent.parent
-        commit = subprocess.run(
-            ["git", "-C", str(source), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-        old = json.loads(Path(a.out).read_text()) if Path(a.out).is_file() else {"runs": []}
-        runs = [r for r in old["runs"] if r["label"] != a.label]
-        runs.append({"label": a.label, "commit": commit, "machine": machine_info(), "rows": rows})
-        write_json_rows(a.out, {"command": "python benchmarks/seed_batches_map.py", "runs": runs})
+        write_labelled_run(a.out, "python benchmarks/seed_batches_map.py", a.label, rows)
 
 
 if __name__ == "__main__":

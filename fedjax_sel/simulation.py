@@ -40,6 +40,7 @@ from fedjax_sel.engine.state import (
     state_axes,
 )
 from fedjax_sel.fedbuff import init_slots
+from fedjax_sel.members import MEMBERS_AXIS
 from fedjax_sel.models import Model
 from fedjax_sel.round_log import RoundLog
 from fedjax_sel.strategies.hyperparams import init_with_hyperparams
@@ -399,6 +400,7 @@ class Simulation:
                         lambda s, d: self._chunk_fn(s, d, length, num_active),
                         in_axes=(axes, data_axis),
                         out_axes=(axes, 0),
+                        axis_name=MEMBERS_AXIS,  # members_cond's branches
                     )(states, data)
 
             else:

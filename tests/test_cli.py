@@ -315,16 +315,24 @@ def test_trace_is_written_and_split_by_phase(tmp_path, capsys):
     assert "local_training" in capsys.readouterr().out and (tmp_path / "p.png").exists()
 
 
-def test_streamed_aggregation_script_times_the_same_round_both_ways():
+def benchmark_script(name: str, monkeypatch):
+    """``benchmarks/<name>.py`` as a module, its folder on ``sys.path`` as when it runs as a
+    script (for ``labelled_runs``)."""
+    import importlib.util
+
+    folder = Path(__file__).resolve().parents[1] / "benchmarks"
+    monkeypatch.syspath_prepend(str(folder))
+    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
+def test_streamed_aggregation_script_times_the_same_round_both_ways(monkeypatch):
     """The benchmark builds the round twice (streamed, stacked: the strategy's flag alone
     differs), times them in turns and reports their ratio; a mode that cannot stream is
     refused before timing."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "streamed_aggregation.py"
-    spec = importlib.util.spec_from_file_location("streamed_aggregation", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = benchmark_script("streamed_aggregation", monkeypatch)
     out = script.measure("logreg", "steps", per_round=3, mode="map", repeats=3)
     assert len(out["streamed_times"]) == len(out["stacked_times"]) == 3
     ratios = sorted(b / a for a, b in zip(out["streamed_times"], out["stacked_times"], strict=True))
@@ -334,14 +342,9 @@ def test_streamed_aggregation_script_times_the_same_round_both_ways():
         script.measure("logreg", "steps", per_round=3, mode="vmap", repeats=1)
 
 
-def test_seed_batches_map_script_rows():
+def test_seed_batches_map_script_rows(monkeypatch):
     """Both modes, masks the same and differing, each ratio its two timings' quotient."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "seed_batches_map.py"
-    spec = importlib.util.spec_from_file_location("seed_batches_map", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = benchmark_script("seed_batches_map", monkeypatch)
     rows = script.measure(per_round=3, repeats=1)
     assert [(r["mode"], r["active masks"]) for r in rows] == [
         (m, k) for m in ("map", "vmap") for k in ("the same", "differing")
@@ -351,13 +354,18 @@ def test_seed_batches_map_script_rows():
         assert r["per_member_ratio"] == pytest.approx(ratio)
 
 
-def test_engine_vs_loop_parts_times_the_five_parts_against_the_loop():
-    import importlib.util
+def test_seed_batches_cond_script_rows(monkeypatch):
+    """DivFL and FilFL, one seed alone and a batch, each ratio its two timings' quotient."""
+    script = benchmark_script("seed_batches_cond", monkeypatch)
+    rows = script.measure(num_clients=12, per_round=3, members=2, rounds=2, repeats=1)
+    assert [(r["strategy"], r["members"]) for r in rows] == [("divfl", 2), ("filfl", 2)]
+    for r in rows:
+        ratio = r["batched_seconds_per_member_round"] / r["one_member_seconds_per_round"]
+        assert r["per_member_ratio"] == pytest.approx(ratio)
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "engine_vs_loop_parts.py"
-    spec = importlib.util.spec_from_file_location("engine_vs_loop_parts", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+
+def test_engine_vs_loop_parts_times_the_five_parts_against_the_loop(monkeypatch):
+    script = benchmark_script("engine_vs_loop_parts", monkeypatch)
     out = script.measure("mlp", per_round=2, mode="map", local_steps=1, repeats=2)
     # 784-200-200-10: weights and biases
     assert out["num_params"] == 784 * 200 + 200 + 200 * 200 + 200 + 200 * 10 + 10 == 199_210

@@ -53,6 +53,15 @@ def files_without_timings(folder: Path):
     return records, summary
 
 
+def assert_same_picks_and_metrics(together, alone):
+    """A member of a seed batch picked the clients its run alone picks, every round, and its
+    metrics agree to float tolerance (an accuracy moves in steps of one test example)."""
+    assert [e["selected"] for e in together.evals] == [e["selected"] for e in alone.evals]
+    for a, b in zip(together.evals, alone.evals, strict=True):
+        for key in ("test_accuracy", "test_loss", "train_loss"):
+            assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-6), key
+
+
 @pytest.mark.parametrize("data_seed", [0, None])  # shared data / one partition per seed
 def test_seeds_together_equal_separate_runs(tmp_path, data_seed):
     """Uniform selection does not depend on float results: each vmapped seed picks exactly the
@@ -67,10 +76,7 @@ def test_seeds_together_equal_separate_runs(tmp_path, data_seed):
 
     for s, r in enumerate(together):
         alone = run_experiment(configs[s], tmp_path / f"a{s}", progress=False)
-        assert [e["selected"] for e in r.evals] == [e["selected"] for e in alone.evals]
-        for a, b in zip(r.evals, alone.evals, strict=True):
-            for key in ("test_accuracy", "test_loss", "train_loss"):
-                assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-6), key
+        assert_same_picks_and_metrics(r, alone)
         assert r.summary["selection_counts"] == alone.summary["selection_counts"]
         # config.json names the batch a run's bits depend on
         assert vmapped(f"t{s}") == [0, 1, 2]
@@ -101,12 +107,18 @@ def test_server_sets_of_different_sizes_run_together_as_alone(tmp_path, filter_s
         assert info["seeds_vmapped"] == [0, 1, 2]
         sizes.add(info["dataset"]["num_server_examples"])
         alone = run_experiment(configs[s], tmp_path / f"a{s}", progress=False)
-        assert [e["selected"] for e in r.evals] == [e["selected"] for e in alone.evals]
-        for a, b in zip(r.evals, alone.evals, strict=True):
-            assert a["test_accuracy"] == pytest.approx(b["test_accuracy"], abs=1e-6)
-            for key in ("test_loss", "train_loss"):
-                assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-6), key
+        assert_same_picks_and_metrics(r, alone)
     assert len(sizes) > 1, "the seeds' server sets should differ in size"
+
+
+def test_divfl_warm_start_seeds_together_as_alone(tmp_path):
+    """DivFL's round branches on its warm start (``members_cond``): vmapped seeds take the
+    warm branch in round 0 and the regular one after, as each does alone."""
+    configs = [small(seed=s, strategy="divfl") for s in range(2)]
+    together = run_group(configs, [tmp_path / f"t{s}" for s in range(2)], seeds_together=2)
+    for s, r in enumerate(together):
+        alone = run_experiment(configs[s], tmp_path / f"a{s}", progress=False)
+        assert_same_picks_and_metrics(r, alone)
 
 
 def test_weight_sums_and_law_diagnostics(tmp_path):

@@ -44,6 +44,7 @@ import jax.numpy as jnp
 
 from fedjax_sel.base import Array, ConfigError, RoundInputs, Selection, SimSpec, Strategy
 from fedjax_sel.kernels import uniform_without_replacement
+from fedjax_sel.members import members_cond
 from fedjax_sel.strategies._common import Weighting, fedavg_weights
 from fedjax_sel.strategies.registry import register_strategy
 from fedjax_sel.tree import flatten_stacked, row_mask
@@ -248,7 +249,7 @@ def divfl(
     def select(state: DivFLState, inputs: RoundInputs, oracle, key):
         if not warm_start:
             return pick(state, inputs, key), state
-        sel, state = jax.lax.cond(
+        sel, state = members_cond(
             state.warmed,
             lambda: regular(state, inputs, oracle, key),
             lambda: warm(state, inputs, oracle, key),

@@ -45,6 +45,7 @@ from fedjax_sel.kernels.double_greedy import (
     set_value_ratio,
 )
 from fedjax_sel.kernels.sampling import uniform_without_replacement
+from fedjax_sel.members import members_cond
 from fedjax_sel.registry import parse_pairs
 from fedjax_sel.strategies._common import Weighting, fedavg_weights
 from fedjax_sel.strategies.registry import STRATEGIES, make_strategy, register_strategy
@@ -355,7 +356,7 @@ def filfl(
     def select(state: FilFLState, inputs: RoundInputs, oracle, key):
         changed = jnp.any(inputs.available != state.last_available)
         do_filter = (~state.has_filter) | (inputs.round % period == 0) | changed
-        sel, inner_state, filtered = jax.lax.cond(
+        sel, inner_state, filtered = members_cond(
             do_filter,
             lambda: filtering_round(state, inputs, oracle, key),
             lambda: regular_round(state, inputs, oracle, key),

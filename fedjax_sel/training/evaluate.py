@@ -7,6 +7,7 @@ import jax.numpy as jnp
 
 from fedjax_sel.base import Array, Params, PRNGKey
 from fedjax_sel.data.client_data import ClientData
+from fedjax_sel.members import members_cond
 from fedjax_sel.models import Model
 
 
@@ -297,7 +298,7 @@ def client_batch_losses(
     # where no listed client holds more than a minibatch, every draw would be discarded: skip
     # them (the same positions, so the same losses; 3.21 -> 1.87 s at 10^6 clients of at most
     # 20 examples, benchmarks/results/cpu_xeon/million_selection_parts.json)
-    return jax.lax.cond(
+    return members_cond(
         jnp.all(data.counts[clients] <= batch_size),
         jax.vmap(lambda c: one(c, False)),
         jax.vmap(lambda c: one(c, True)),
