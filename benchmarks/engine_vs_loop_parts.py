@@ -6,7 +6,12 @@ local steps, the same clients and data), timing five calls in turn (a, b, c, d, 
 so a drifting machine slows them alike):
 
 * ``loop``: the benchmark's loop, one jitted ``lax.scan`` trainer per client (plain
-  flax/optax SGD on float32 copies of each client's data), weighted into a running sum;
+  flax/optax SGD on float32 copies of each client's data), weighted into a running sum: the
+  clients' SGD compiled with no Python between steps (a convolution model runs the engine's
+  convolution here, which XLA:CPU runs well inside a scan);
+* ``loop, one jitted step per minibatch``: FedJAX's loop (``bench throughput``'s
+  ``loop_step``, XLA's own convolution at the top level); its time over ``loop``'s is the
+  Python loop's overhead, the most that running the same SGD steps compiled can gain;
 * ``loop of the engine's update``: the same Python loop, calling the engine's per-client
   update (:func:`fedjax_sel.training.local.make_client_update`: minibatches gathered from the
   stacked data, its loss statistics) jitted once;
@@ -36,13 +41,37 @@ import numpy as np
 from fedjax_sel.bench import throughput as tp
 from fedjax_sel.bench.common import interleaved_times, machine_info, print_table, write_json_rows
 from fedjax_sel.models import make_model
-from fedjax_sel.training.local import LocalConfig, make_client_update, make_trainer
+from fedjax_sel.models.base import with_conv_impl
+from fedjax_sel.models.flops import train_step_flops
+from fedjax_sel.training.local import (
+    LocalConfig,
+    make_client_update,
+    make_trainer,
+    split_conv,
+)
+
+WEIGHT_PASSES = 5  # as benchmarks/gpu_roofline.py
 
 
-def measure(model_name: str, per_round: int, mode: str, local_steps: int, repeats: int) -> dict:
+def median_ratio(reference: list[float], times: list[float]) -> float:
+    return statistics.median(r / t for r, t in zip(reference, times, strict=True))
+
+
+def measure(
+    model_name: str,
+    per_round: int,
+    mode: str,
+    local_steps: int,
+    repeats: int,
+    batch_size: int = 32,
+) -> dict:
     shape, classes, tokens, _ = tp.MODEL_SPECS[model_name]
     model = make_model(model_name, input_shape=shape, num_classes=classes)
-    bsz = 32
+    parallel, conv = split_conv(mode)  # "map:conv=xla_nhwc": the engine's convolution
+    if conv is not None:
+        model = with_conv_impl(model, conv)
+    step_model = with_conv_impl(model, "xla") if model.conv_impl else model  # as bench throughput
+    bsz = batch_size
     sizes = tp.client_sizes("steps", per_round, 2 * bsz * local_steps)
     xs, ys, scale = tp.random_clients(shape, classes, tokens, sizes)
     ds = tp.dataset_of(model_name, shape, classes, xs, ys, scale)
@@ -54,6 +83,7 @@ def measure(model_name: str, per_round: int, mode: str, local_steps: int, repeat
     weights = sizes / sizes.sum()
 
     loop = tp._loop_client(model, (xs, ys, scale), sizes, local, params)
+    loop_step = tp._loop_step(step_model, (xs, ys, scale), sizes, local, "steps", params)
 
     update = make_client_update(model, local, int(data.n_max))
     one_update = jax.jit(lambda p, d, c, k: update(p, None, d, c, k)[0])
@@ -67,11 +97,12 @@ def measure(model_name: str, per_round: int, mode: str, local_steps: int, repeat
             acc = accumulate(acc, p, float(weights[c]))
         return acc
 
-    trainer = make_trainer(model, local, int(data.n_max), parallel=mode)
+    trainer = make_trainer(model, local, int(data.n_max), parallel=parallel)
     train = jax.jit(lambda p, d, c, k: trainer(p, d, c, jnp.ones_like(c, bool), k).params)
     one_round, _ = tp._engine(model, ds, per_round, mode, local, 2 * repeats + 4)
     calls = {
         "loop": loop,
+        "loop, one jitted step per minibatch": loop_step,
         "loop of the engine's update": loop_of_update,
         f"trainer ({mode})": lambda: train(params, data, clients, key),
     }
@@ -87,23 +118,29 @@ def measure(model_name: str, per_round: int, mode: str, local_steps: int, repeat
         )
     calls[f"round ({mode})"] = one_round
     times = interleaved_times(calls, repeats)
-    loop_times = times["loop"]["times"]
     rows = []
     for name, t in times.items():
-        ratios = [lt / x for lt, x in zip(loop_times, t["times"], strict=True)]
         rows.append(
             {
                 "part": name,
                 "seconds": t["seconds"],
                 "milliseconds": 1e3 * t["seconds"],
                 "client_updates_per_s": per_round / t["seconds"],
-                "loop_over_this": statistics.median(ratios),
+                # the median over the turns of each reference's round over this part's
+                "loop_over_this": median_ratio(times["loop"]["times"], t["times"]),
+                "step_loop_over_this": median_ratio(
+                    times["loop, one jitted step per minibatch"]["times"], t["times"]
+                ),
                 "times": t["times"],
             }
         )
     num_params = int(sum(np.size(x) for x in jax.tree.leaves(params)))
+    xb = jnp.zeros((bsz,) + tuple(shape), jnp.int32 if tokens else jnp.float32)
+    step_flops = float(train_step_flops(model.module, xb))
+    step_seconds = times["loop"]["seconds"] / (per_round * local_steps)
     return {
         "model": model_name,
+        "conv": model.conv_impl,
         "work": "steps",
         "per_round": per_round,
         "local_steps": local_steps,
@@ -112,6 +149,13 @@ def measure(model_name: str, per_round: int, mode: str, local_steps: int, repeat
         "repeats": repeats,
         "num_params": num_params,
         "stacked_model_bytes": per_round * num_params * 4,
+        # one SGD step of one client: the analytic FLOPs, and the bytes of its own weights it
+        # moves at least (forward read, backward read, gradient write, update reads and write)
+        "flops_per_step": step_flops,
+        "weight_bytes_per_step": WEIGHT_PASSES * 4 * num_params,
+        "flops_per_weight_byte": step_flops / (WEIGHT_PASSES * 4 * num_params),
+        "compiled_loop_step_ms": 1e3 * step_seconds,
+        "compiled_loop_gflops": step_flops / step_seconds / 1e9,
         "rows": rows,
     }
 
@@ -120,17 +164,25 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--model", default="mlp", choices=sorted(tp.MODEL_SPECS))
     p.add_argument("--per-round", type=int, default=100)
-    p.add_argument("--mode", default="map", help="the engine's client parallelism")
+    p.add_argument(
+        "--mode", default="map", help="the engine's client parallelism (map:conv=xla_nhwc, ...)"
+    )
+    p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--local-steps", type=int, default=10)
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--out", default=None)
     a = p.parse_args()
-    result = measure(a.model, a.per_round, a.mode, a.local_steps, a.repeats)
+    result = measure(a.model, a.per_round, a.mode, a.local_steps, a.repeats, a.batch_size)
     info = machine_info()
     print(f"device: {info['cpu_model']} ({info['cpu_count']} CPUs), jax {info['jax_version']}")
     print(
-        f"{a.model}, P = {a.per_round}, {a.local_steps} steps of batch 32; stacked models "
-        f"{result['stacked_model_bytes'] / 1e6:.1f} MB"
+        f"{a.model}, P = {a.per_round}, {a.local_steps} steps of batch {a.batch_size}; stacked "
+        f"models {result['stacked_model_bytes'] / 1e6:.1f} MB"
+    )
+    print(
+        f"one step: {result['flops_per_step'] / 1e6:.1f} MFLOP, "
+        f"{result['flops_per_weight_byte']:.1f} FLOP per weight byte; the compiled loop's step "
+        f"{result['compiled_loop_step_ms']:.3f} ms ({result['compiled_loop_gflops']:.1f} GFLOP/s)"
     )
     print_table(
         result["rows"],
@@ -139,6 +191,7 @@ def main() -> None:
             ("ms/round", "milliseconds", "{:.1f}"),
             ("upd/s", "client_updates_per_s", "{:.1f}"),
             ("loop/this", "loop_over_this", "{:.3f}"),
+            ("step loop/this", "step_loop_over_this", "{:.3f}"),
         ],
     )
     write_json_rows(a.out, {**result, "machine": info})

@@ -364,22 +364,40 @@ def test_seed_batches_cond_script_rows(monkeypatch):
         assert r["per_member_ratio"] == pytest.approx(ratio)
 
 
-def test_engine_vs_loop_parts_times_the_five_parts_against_the_loop(monkeypatch):
+def test_engine_vs_loop_parts_times_the_six_parts_against_both_loops(monkeypatch):
     script = benchmark_script("engine_vs_loop_parts", monkeypatch)
-    out = script.measure("mlp", per_round=2, mode="map", local_steps=1, repeats=2)
+    out = script.measure("mlp", per_round=2, mode="map", local_steps=1, repeats=2, batch_size=8)
     # 784-200-200-10: weights and biases
     assert out["num_params"] == 784 * 200 + 200 + 200 * 200 + 200 + 200 * 10 + 10 == 199_210
     assert out["stacked_model_bytes"] == 2 * 199_210 * 4
+    # one step of batch 8: forward 2 x 8 x (weights), backward twice that (the first layer's
+    # input gradient included in the analytic count or not: between 4 and 6 passes)
+    weights = 784 * 200 + 200 * 200 + 200 * 10
+    assert 4 * 8 * weights <= out["flops_per_step"] <= 6 * 8 * weights + 1e5
+    assert out["weight_bytes_per_step"] == 5 * 4 * 199_210
     parts = [r["part"] for r in out["rows"]]
     assert parts == [
         "loop",
+        "loop, one jitted step per minibatch",
         "loop of the engine's update",
         "trainer (map)",
         "trainer (map), aggregated as it trains",
         "round (map)",
     ]
-    loop = out["rows"][0]
-    assert loop["loop_over_this"] == 1.0 and len(loop["times"]) == 2
+    loop, step_loop = out["rows"][0], out["rows"][1]
+    assert loop["loop_over_this"] == 1.0 and step_loop["step_loop_over_this"] == 1.0
+    assert len(loop["times"]) == 2
     for r in out["rows"]:
-        ratios = sorted(lt / t for lt, t in zip(loop["times"], r["times"], strict=True))
-        assert r["loop_over_this"] == pytest.approx(sum(ratios) / 2)
+        for ref, key in ((loop, "loop_over_this"), (step_loop, "step_loop_over_this")):
+            ratios = sorted(lt / t for lt, t in zip(ref["times"], r["times"], strict=True))
+            assert r[key] == pytest.approx(sum(ratios) / 2)
+
+
+def test_skinny_matmul_rates_are_the_products_flops_over_their_time(monkeypatch):
+    script = benchmark_script("skinny_matmul", monkeypatch)
+    rows = script.measure([2, 4], repeats=1)
+    assert [r["rows"] for r in rows] == [2, 4]
+    for r in rows:
+        flops = 4.0 * r["rows"] * 784 * 200 * r["iterations"]
+        assert r["gflops"] == pytest.approx(flops / r["seconds"] / 1e9)
+    assert max(r["fraction_of_fastest"] for r in rows) == 1.0
