@@ -70,7 +70,6 @@ def measure(
     parallel, conv = split_conv(mode)  # "map:conv=xla_nhwc": the engine's convolution
     if conv is not None:
         model = with_conv_impl(model, conv)
-    step_model = with_conv_impl(model, "xla") if model.conv_impl else model  # as bench throughput
     bsz = batch_size
     sizes = tp.client_sizes("steps", per_round, 2 * bsz * local_steps)
     xs, ys, scale = tp.random_clients(shape, classes, tokens, sizes)
@@ -83,7 +82,7 @@ def measure(
     weights = sizes / sizes.sum()
 
     loop = tp._loop_client(model, (xs, ys, scale), sizes, local, params)
-    loop_step = tp._loop_step(step_model, (xs, ys, scale), sizes, local, "steps", params)
+    loop_step = tp._loop_step(tp.loop_model(model), (xs, ys, scale), sizes, local, "steps", params)
 
     update = make_client_update(model, local, int(data.n_max))
     one_update = jax.jit(lambda p, d, c, k: update(p, None, d, c, k)[0])

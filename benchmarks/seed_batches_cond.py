@@ -17,12 +17,11 @@ Public functions only, so the same file times an older checkout
 from __future__ import annotations
 
 import argparse
-import time
 
 import jax
 from labelled_runs import write_labelled_run
 
-from fedjax_sel.bench.common import print_table
+from fedjax_sel.bench.common import print_table, time_call
 from fedjax_sel.config import RunConfig
 from fedjax_sel.experiment.build import build_simulation, load_data_for
 
@@ -47,13 +46,7 @@ def seconds_per_member_round(sim, seeds: list[int], rounds: int, repeats: int) -
         def call():
             return jax.block_until_ready(sim.run_rounds_batch(states, None, rounds)[0].params)
 
-    call()
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        call()
-        best = min(best, time.perf_counter() - t)
-    return best / (len(seeds) * rounds)
+    return time_call(call, repeats=repeats)["min_seconds"] / (len(seeds) * rounds)
 
 
 def measure(num_clients: int, per_round: int, members: int, rounds: int, repeats: int):

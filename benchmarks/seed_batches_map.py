@@ -15,14 +15,13 @@ file times an older checkout (``PYTHONPATH=<checkout>``, ``--label``)::
 from __future__ import annotations
 
 import argparse
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from labelled_runs import write_labelled_run
 
-from fedjax_sel.bench.common import print_table
+from fedjax_sel.bench.common import print_table, time_call
 from fedjax_sel.data import from_client_arrays
 from fedjax_sel.models import make_model
 from fedjax_sel.training import LocalConfig
@@ -30,13 +29,7 @@ from fedjax_sel.training.local import make_trainer
 
 
 def best_seconds(fn, *args, repeats: int) -> float:
-    jax.block_until_ready(fn(*args))
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        best = min(best, time.perf_counter() - t)
-    return best
+    return time_call(lambda: fn(*args), repeats=repeats)["min_seconds"]
 
 
 def measure(per_round: int, repeats: int) -> list[dict]:

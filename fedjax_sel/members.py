@@ -43,9 +43,12 @@ def members_cond(pred: Any, true_fn: Callable, false_fn: Callable, *operands: An
     any_true = jax.lax.pmax(flag, MEMBERS_AXIS) > 0
     any_false = jax.lax.pmin(flag, MEMBERS_AXIS) == 0
 
-    def zeros(fn):
-        return lambda *ops: jax.tree.map(jnp.zeros_like, jax.eval_shape(fn, *ops))
+    # both branches return the same types (lax.cond's rule), so one shape stands for both
+    shape = jax.eval_shape(true_fn, *operands)
 
-    on_true = jax.lax.cond(any_true, true_fn, zeros(true_fn), *operands)
-    on_false = jax.lax.cond(any_false, false_fn, zeros(false_fn), *operands)
+    def zeros(*_):
+        return jax.tree.map(jnp.zeros_like, shape)
+
+    on_true = jax.lax.cond(any_true, true_fn, zeros, *operands)
+    on_false = jax.lax.cond(any_false, false_fn, zeros, *operands)
     return jax.tree.map(lambda t, f: jnp.where(pred, t, f), on_true, on_false)

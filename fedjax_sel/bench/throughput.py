@@ -161,6 +161,12 @@ def _engine_seconds(model, ds, per_round, mode, local, repeats, **kw) -> float:
     return time_call(one_round, repeats=repeats)["seconds"]
 
 
+def loop_model(model: Model) -> Model:
+    """The model the loops run: a convolution model with XLA's own convolution, which a
+    jitted step at the program's top level runs through XLA:CPU's library convolution."""
+    return with_conv_impl(model, "xla") if model.conv_impl else model
+
+
 def _loop_pieces(model, local):
     tx = optax.sgd(local.lr)
 
@@ -308,10 +314,10 @@ def measure(
     flops_per_update = float(step_flops * steps.mean())
     peak = peak if peak is not None else matmul_gflops()
 
-    loop_model = with_conv_impl(model, "xla") if model.conv_impl else model
-    calls = {"loop_step": _loop_step(loop_model, (xs, ys, scale), sizes, local, work, params)}
+    loop = loop_model(model)
+    calls = {"loop_step": _loop_step(loop, (xs, ys, scale), sizes, local, work, params)}
     if work == "steps":
-        calls["loop_client"] = _loop_client(loop_model, (xs, ys, scale), sizes, local, params)
+        calls["loop_client"] = _loop_client(loop, (xs, ys, scale), sizes, local, params)
     loops = list(calls)
     engines = []
     for i, mode in enumerate(modes or ["auto"]):
