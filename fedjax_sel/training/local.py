@@ -323,10 +323,10 @@ def active_slots_loop(step: Callable, carry, init_outs, args, active: Array):
     outputs); returns ``(carry, outs)``.
 
     A ``while_loop`` over the active slots' indices rather than a ``lax.cond`` per slot: under
-    ``vmap`` (seeds batched, devices grouped) a cond whose flag differs between members runs
-    as a select, which XLA:CPU ran about 10 times slower per member than one member alone
-    (`benchmarks/results/cpu_xeon/seed_batches_map.json`); the loop runs to the largest
-    member's count of active slots instead."""
+    ``vmap`` (seeds batched, devices grouped) a cond whose flag is batched runs as a select,
+    even where the members' flags are equal, which XLA:CPU ran about 8 times slower per member
+    than one member alone (`benchmarks/results/cpu_xeon/seed_batches_map.json`); the loop runs
+    to the largest member's count of active slots instead."""
     order = jnp.argsort(jnp.logical_not(active), stable=True)  # active slots first
     count = jnp.sum(active.astype(jnp.int32))
 
