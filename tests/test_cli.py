@@ -276,6 +276,43 @@ def test_bench_throughput_epochs_with_a_users_flax_model(tmp_path):
     assert 10 <= steps <= 40  # one epoch of 100-400 examples in batches of 10
 
 
+def test_throughput_scan_loop_runs_the_same_sgd_with_a_scan_friendly_convolution():
+    """``loop_client`` (one jitted ``lax.scan`` per client) runs a convolution model with
+    ``xla_nhwc``, not XLA's own convolution (ten times slower inside a scan on a CPU): the same
+    SGD, so the same aggregate as the scan with ``xla``, up to float rounding."""
+    import flax.linen as nn
+    import jax
+    import numpy as np
+
+    from fedjax_sel.bench import throughput as tp
+    from fedjax_sel.models.base import from_linen
+    from fedjax_sel.training.local import LocalConfig
+
+    class Net(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            x = nn.relu(nn.Conv(3, (3, 3))(x))
+            return nn.Dense(4)(x.reshape(x.shape[0], -1))
+
+    model = from_linen(Net(), name="net", input_shape=(6, 6, 1))
+    assert tp.scan_loop_model(model).conv_impl == "xla_nhwc"
+    assert tp.loop_model(model).conv_impl == "xla"
+    dense = from_linen(nn.Dense(4), name="dense", input_shape=(5,))
+    assert tp.scan_loop_model(dense) is dense  # no convolution: unchanged
+    sizes = np.array([12, 12, 12])
+    data = tp.random_clients((6, 6, 1), 4, False, sizes)
+    local = LocalConfig(batch_size=4, lr=0.1, local_steps=3)
+    params = model.init(jax.random.key(0))
+    fast = tp._loop_client(tp.scan_loop_model(model), data, sizes, local, params)()
+    plain = tp._loop_client(tp.loop_model(model), data, sizes, local, params)()
+    moved = jax.tree.map(
+        lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b)).max()), fast, params
+    )
+    assert max(jax.tree.leaves(moved)) > 1e-3  # the SGD moved the weights
+    for a, b in zip(jax.tree.leaves(fast), jax.tree.leaves(plain), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+
+
 def test_trace_is_written_and_split_by_phase(tmp_path, capsys):
     """``run --trace`` writes a profiler trace of the second chunk with the compiled programs;
     ``bench phases`` charges the traced device work to the round's named phases."""

@@ -6,8 +6,10 @@
 2. **loop**: what a user writes without the engine, from the same flax/optax pieces: a Python
    loop over the clients. Two variants, the faster reported: ``loop_step`` calls one jitted SGD
    step per client and minibatch (FedJAX's jit backend); ``loop_client`` (fixed steps only)
-   calls one jitted per-client trainer (``lax.scan`` over the steps). The loop computes plain
-   flax (``lax.conv`` convolutions, fast outside compiled loops on XLA:CPU);
+   calls one jitted per-client trainer (``lax.scan`` over the steps). ``loop_step`` computes
+   plain flax (``lax.conv`` convolutions, fast at a program's top level on XLA:CPU);
+   ``loop_client`` computes a convolution model's convolutions as ``xla_nhwc`` (XLA's own
+   convolution inside a scan takes ten times longer on a CPU, a loop nobody would keep);
 3. **matmul**: a plain float32 matmul, the machine's practical peak.
 
 Work per client: ``steps`` (``local_steps`` SGD steps of ``batch_size`` examples) or ``epochs``
@@ -167,6 +169,12 @@ def loop_model(model: Model) -> Model:
     return with_conv_impl(model, "xla") if model.conv_impl else model
 
 
+def scan_loop_model(model: Model) -> Model:
+    """The model a per-client ``lax.scan`` loop runs: a convolution model with ``xla_nhwc``,
+    whose gradients XLA:CPU runs well inside a scan (its own convolution there does not)."""
+    return with_conv_impl(model, "xla_nhwc") if model.conv_impl else model
+
+
 def _loop_pieces(model, local):
     tx = optax.sgd(local.lr)
 
@@ -317,7 +325,9 @@ def measure(
     loop = loop_model(model)
     calls = {"loop_step": _loop_step(loop, (xs, ys, scale), sizes, local, work, params)}
     if work == "steps":
-        calls["loop_client"] = _loop_client(loop, (xs, ys, scale), sizes, local, params)
+        calls["loop_client"] = _loop_client(
+            scan_loop_model(model), (xs, ys, scale), sizes, local, params
+        )
     loops = list(calls)
     engines = []
     for i, mode in enumerate(modes or ["auto"]):
