@@ -204,7 +204,23 @@ def test_bench_throughput_writes_the_documented_keys(tmp_path):
     pairs = zip(row["loop_round_times"], row["engine_round_times"], strict=True)
     ratios = sorted(lt / et for lt, et in pairs)
     assert len(ratios) == 3 and row["speedup_vs_loop"] == pytest.approx(ratios[1])
-    assert row["speedup_range"] == pytest.approx([ratios[0], ratios[2]])
+    assert row["speedup_range"] == pytest.approx([ratios[0], ratios[2]]) and row["turns"] == 3
+    # one loop variant for every turn, whose median round is the loop's upd/s
+    assert row["loop_variant"] in ("loop_step", "loop_client")
+    median_loop = sorted(row["loop_round_times"])[1]
+    assert row["loop_client_updates_per_s"] == pytest.approx(8 / median_loop)
+
+
+def test_throughput_compares_every_turn_with_the_loop_of_smaller_median():
+    """Not each turn's faster loop variant: the minimum of two noisy times is biased low."""
+    from fedjax_sel.bench.throughput import faster_loop
+
+    times = {
+        "loop_step": {"times": [1.0, 1.0, 1.0], "seconds": 1.0},
+        "loop_client": {"times": [0.5, 2.0, 2.0], "seconds": 2.0},  # one lucky turn
+    }
+    assert faster_loop(times, ["loop_step", "loop_client"]) == "loop_step"
+    assert faster_loop(times, ["loop_client"]) == "loop_client"
 
 
 def test_interleaved_times_alternates_the_calls():

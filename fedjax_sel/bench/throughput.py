@@ -22,8 +22,9 @@ random data of ``--input-shape`` with ``--classes``). FLOPs per client update ar
 
 Every loop variant and engine mode is timed in turn, one round each, ``repeats`` times, so a
 machine whose speed drifts slows them alike; ``speedup_vs_loop`` is the median over those turns
-of the loop round's time (the faster variant's) over the engine round's, ``speedup_range`` the
-smallest and largest such ratio.
+of the loop round's time over the engine round's, ``speedup_range`` the smallest and largest
+such ratio. The loop is the variant with the smaller median round (``loop_variant``), the same
+in every turn.
 """
 
 from __future__ import annotations
@@ -271,6 +272,13 @@ def _loop_client(model, data, sizes, local, params):
     return one_round
 
 
+def faster_loop(times: dict[str, dict], loops: list[str]) -> str:
+    """The loop variant with the smaller median round: the loop each engine round is compared
+    with, turn by turn. Not the faster variant of each turn: the smaller of two noisy times is
+    biased low, which would flatter the loop by the noise (several percent on a shared CPU)."""
+    return min(loops, key=lambda k: times[k]["seconds"])
+
+
 def measure(
     model_name: str,
     per_round: int | None = None,
@@ -336,8 +344,8 @@ def measure(
         engines.append((f"engine {i}", sim))
     # loop and engine rounds timed in turn, so a drifting machine slows both alike
     times = interleaved_times(calls, repeats)
-    loop_rounds = [min(ts) for ts in zip(*(times[k]["times"] for k in loops), strict=True)]
-    loop_s = min(times[k]["seconds"] for k in loops)
+    loop_name = faster_loop(times, loops)
+    loop_rounds, loop_s = times[loop_name]["times"], times[loop_name]["seconds"]
     rows = []
     for name, sim in engines:
         t = times[name]
@@ -391,8 +399,10 @@ def measure(
                 # the median of the ratios of loop and engine rounds timed next to each other
                 "speedup_vs_loop": statistics.median(ratios),
                 "speedup_range": [min(ratios), max(ratios)],
+                "turns": len(ratios),
                 "engine_round_times": t["times"],
                 "loop_round_times": loop_rounds,
+                "loop_variant": loop_name,
                 "flops_per_client_update": flops_per_update,
                 "engine_gflops": eng_ups * flops_per_update / 1e9,
                 "loop_gflops": loop_ups * flops_per_update / 1e9,
