@@ -89,8 +89,7 @@ def cpu_devices() -> str:
     return _block([one, two], [text])
 
 
-def scale() -> str:
-    f = f"{CPU}/scale.json"
+def scale(f: str = f"{CPU}/scale.json") -> str:
     rows = _load(f)["rows"]
     lines = [
         "| strategy | K | P | s/round | mean s | selection s | training s | aggregation s "
@@ -227,6 +226,7 @@ BLOCKS = {
     "system_overhead": system_overhead,
     "cpu_devices": cpu_devices,
     "scale": scale,
+    "scale_xeon": lambda: scale("benchmarks/results/cpu_xeon/scale_all.json"),
     "kernels": kernels,
     "phases": phases,
     "seeds": seeds,

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import jax
+import numpy as np
 import pytest
 
 from fedjax_sel.cli import main
@@ -454,3 +455,22 @@ def test_skinny_matmul_rates_are_the_products_flops_over_their_time(monkeypatch)
         flops = 4.0 * r["rows"] * 784 * 200 * r["iterations"]
         assert r["gflops"] == pytest.approx(flops / r["seconds"] / 1e9)
     assert max(r["fraction_of_fastest"] for r in rows) == 1.0
+
+
+def test_skinny_matmul_vmapped_over_clients_runs_each_clients_sgd(monkeypatch):
+    script = benchmark_script("skinny_matmul", monkeypatch)
+    w = np.asarray(script.products(3, 4, layer=(5, 2), clients=3)())
+    a = np.full((3, 5), 0.5)
+    ref = np.full((5, 2), 1e-3)
+    for _ in range(4):  # the NumPy transcription of the loop's step
+        ref = ref - 1e-6 * (a.T @ (a @ ref))
+    assert w.shape == (3, 5, 2)
+    np.testing.assert_allclose(w, np.broadcast_to(ref, (3, 5, 2)), rtol=1e-6)
+    assert not np.allclose(ref, 1e-3, rtol=1e-9, atol=0)  # the steps moved the weights
+    (row,) = script.measure([10], repeats=1, layer=(64, 50), clients=7)
+    flops = 4.0 * 10 * 64 * 50 * row["iterations"] * 7
+    assert row["clients"] == 7
+    assert row["gflops"] == pytest.approx(flops / row["seconds"] / 1e9)
+    assert row["microseconds_per_client_step"] == pytest.approx(
+        1e6 * row["seconds"] / (row["iterations"] * 7)
+    )
