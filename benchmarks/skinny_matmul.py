@@ -28,6 +28,7 @@ import jax.numpy as jnp
 from fedjax_sel.bench.common import interleaved_times, machine_info, print_table, write_json_rows
 
 MLP_LAYER = (784, 200)  # the MLP's first layer
+ROW_COUNTS = [10, 32, 100, 1000]
 
 
 def products(rows: int, iterations: int, layer: tuple[int, int] = MLP_LAYER, clients: int = 1):
@@ -56,10 +57,9 @@ def measure(
 ) -> list[dict]:
     """Each row count's loop timed in turns with the others (the fastest of ``repeats``)."""
     fan_in, fan_out = layer
-    # about 4 x 10^9 FLOP a call at any size: long enough to time, short enough to repeat
-    iterations = {
-        r: max(20, 20_000 * 784 * 200 // (r * fan_in * fan_out * clients)) for r in row_counts
-    }
+    # the FLOPs of 20,000 one-row steps of the MLP layer (1.3 x 10^10) a call, at any size
+    per_call = 20_000 * MLP_LAYER[0] * MLP_LAYER[1]
+    iterations = {r: max(20, per_call // (r * fan_in * fan_out * clients)) for r in row_counts}
     loops = {r: products(r, iterations[r], layer, clients) for r in row_counts}
     times = interleaved_times(loops, repeats)
     rows = []
@@ -84,7 +84,7 @@ def measure(
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rows", type=int, nargs="+", default=[10, 32, 100, 1000])
+    ap.add_argument("--rows", type=int, nargs="+", default=ROW_COUNTS)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--layer", type=int, nargs=2, default=list(MLP_LAYER), metavar=("IN", "OUT"))
     ap.add_argument("--clients", type=int, default=1, help="clients with their own weights")
@@ -112,7 +112,7 @@ def main() -> None:
             "command": "python benchmarks/skinny_matmul.py"
             + ("" if layer == MLP_LAYER else f" --layer {layer[0]} {layer[1]}")
             + ("" if a.clients == 1 else f" --clients {a.clients}")
-            + ("" if a.rows == [10, 32, 100, 1000] else " --rows " + " ".join(map(str, a.rows))),
+            + ("" if a.rows == ROW_COUNTS else " --rows " + " ".join(map(str, a.rows))),
             "layer": list(layer),
             "machine": machine_info(),
             "rows": rows,
