@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from fedjax_sel.base import ConfigError
+from fedjax_sel.input_checks import check_seed
 from fedjax_sel.registry import convert, parse_pairs
 
 
@@ -73,6 +74,10 @@ def setting(
 
 
 _S, _D, _T, _R = "selection", "data and model", "training", "run"
+
+# the largest whole number a setting may hold: the engine counts rounds, clients and steps in
+# int32 (seeds have their own range, :data:`fedjax_sel.input_checks.SEED_MAX`)
+INT_MAX = 2**31 - 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -300,8 +305,10 @@ class RunConfig:
             for number in numbers:
                 if not isinstance(number, (int, float)) or isinstance(number, bool):
                     continue
-                if not math.isfinite(number):
+                if isinstance(number, float) and not math.isfinite(number):
                     raise ConfigError(f"{f.name} must be finite numbers, got {value!r}")
+                if isinstance(number, int) and abs(number) > INT_MAX and "seed" not in f.name:
+                    raise ConfigError(f"{f.name} must be at most {INT_MAX}, got {value!r}")
                 if not _in_range(number, meta):
                     raise ConfigError(f"{f.name} must be {_range_text(meta)}, got {value!r}")
             other = meta["exclusive"]
@@ -310,6 +317,16 @@ class RunConfig:
                     f"give {_flag(f)} or {_flag(_field(other))}, not both (got {f.name}={value} "
                     f"and {other}={values[other]})"
                 )
+        values["seed"] = check_seed(values["seed"], "seed")
+        if values["data_seed"] is not None:
+            values["data_seed"] = check_seed(values["data_seed"], "data_seed")
+        if values["mode"] == "global" and values["asynchronous"] is None:
+            check_per_round(values["per_round"], values["num_clients"])
+        if values["eval_every"] > max(values["rounds"], 1000):  # a chunk holds eval_every rounds
+            raise ConfigError(
+                f"eval_every={values['eval_every']} is more than the {values['rounds']} rounds: "
+                "a compiled chunk (and its log) holds eval_every rounds; give at most the rounds"
+            )
         if values["local_steps"] is None and values["local_epochs"] is None:
             if values["mode"] == "global":
                 values["local_steps"] = 10
@@ -378,6 +395,7 @@ class RunConfig:
             changes["per_round"] = async_from_spec(
                 config.asynchronous, config.per_round
             ).concurrency
+            check_per_round(changes["per_round"], config.num_clients, " (--async's concurrency)")
         return dataclasses.replace(config, **changes)
 
     # ------------------------------------------------------------------------- (de)serialise
@@ -391,6 +409,14 @@ class RunConfig:
         unknown = sorted(set(d) - names)
         if unknown:
             raise ConfigError(f"{source}: unknown configuration key(s) {unknown}")
+        hints = typing.get_type_hints(cls)
+        for name, value in d.items():  # a file's numbers are numbers: "12" is no seed count
+            if isinstance(value, str) and _flag_type(hints[name]) in (int, float):
+                if value.strip().lower() not in ("none", "null") or not _optional(hints[name]):
+                    raise ConfigError(
+                        f"{source}: {name}={value!r} is text where a number is expected; "
+                        "write the number without quotes"
+                    )
         return cls(**dict(d))
 
     def results_key(self) -> str:
@@ -454,6 +480,23 @@ def _range_text(meta: Mapping[str, Any]) -> str:
     return " and ".join(bounds)
 
 
+def check_per_round(
+    per_round: int, num_clients: int | None, detail: str = "", *, of: str = ""
+) -> None:
+    """Refuses more clients a round than the federation has (every strategy samples without
+    replacement); ``num_clients`` ``None``: not known yet (the data set's default). ``detail``
+    follows the per-round number, ``of`` the number of clients, in the message."""
+    if num_clients is not None and per_round > num_clients:
+        raise ConfigError(
+            f"per_round={per_round}{detail} exceeds the number of clients ({num_clients}{of}): "
+            f"select at most {num_clients} a round, or give more clients"
+        )
+
+
+def _optional(annotation: Any) -> bool:
+    return type(None) in typing.get_args(annotation)
+
+
 def _field(name: str) -> dataclasses.Field:
     return {f.name: f for f in dataclasses.fields(RunConfig)}[name]
 
@@ -469,8 +512,8 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"configuration file {str(path)!r} does not exist")
-    text = path.read_text()
     try:
+        text = path.read_text()
         if path.suffix.lower() == ".toml":
             import tomllib
 
@@ -548,6 +591,18 @@ def config_from_flags(
         if f.metadata["exclusive"] and f.metadata["exclusive"] not in given:
             data.pop(f.metadata["exclusive"], None)
     return RunConfig.from_dict(data).validate()
+
+
+def typed_settings(pairs: Mapping[str, Any], *, what: str) -> dict[str, Any]:
+    """``key=value`` text from the command line (``--set``) with each number-typed field's
+    value converted to its number, as a file would hold it (files must not quote numbers:
+    :meth:`RunConfig.from_dict`); other keys and values are left to the file's parser."""
+    hints = typing.get_type_hints(RunConfig)
+    out = dict(pairs)
+    for key, value in pairs.items():
+        if key in hints and isinstance(value, str) and _flag_type(hints[key]) in (int, float):
+            out[key] = convert(value, hints[key], what=what, key=key)
+    return out
 
 
 def config_flag_names() -> Sequence[str]:

@@ -174,6 +174,8 @@ def _convert_one(value: Any, annotation: Any) -> Any:
             raise ValueError
         if isinstance(value, int):
             return value
+        if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+            return int(value.strip())  # exactly: 10**20 + 1 is no float's
         f = float(value.strip()) if isinstance(value, str) else float(value)
         if not math.isfinite(f) or f != int(f):
             raise ValueError

@@ -86,10 +86,10 @@ def test_every_field_has_one_generated_flag_and_no_duplicated_default():
     assert dests == {f.name for f in dataclasses.fields(RunConfig)}
     # defaults live in RunConfig only: the parser's namespace holds just the flags given
     assert vars(parser.parse_args([])) == {}
-    ns = parser.parse_args(["--clients", "7", "--strategy-arg", "d=3", "--no-profile"])
-    assert vars(ns) == {"num_clients": 7, "strategy_args": ["d=3"], "profile": False}
+    ns = parser.parse_args(["--clients", "17", "--strategy-arg", "d=3", "--no-profile"])
+    assert vars(ns) == {"num_clients": 17, "strategy_args": ["d=3"], "profile": False}
     config = config_from_flags(ns)
-    assert config.num_clients == 7 and config.strategy_args == {"d": "3"}
+    assert config.num_clients == 17 and config.strategy_args == {"d": "3"}
     assert config.local_steps == 10  # neither steps nor epochs given: 10 steps
 
 
@@ -116,6 +116,46 @@ def test_validation_names_values():
             RunConfig(**kw).validate()
     with pytest.raises(ConfigError, match="unknown configuration key"):
         RunConfig.from_dict({"roundz": 3})
+
+
+def test_seeds_are_whole_numbers_in_the_range_a_key_keeps():
+    """jax.random.key keeps 32 bits (2**32 would repeat seed 0) and NumPy refuses negative
+    seeds: anything outside 0 .. 2**32 - 1, or a bool, is one named error."""
+    top = 2**32 - 1
+    assert RunConfig(seed=top, data_seed=top).validate().seed == top
+    for kw, message in [
+        ({"seed": -1}, f"seed must be in 0 .. {top}, got -1"),
+        ({"seed": 2**32}, f"seed must be in 0 .. {top}, got {2**32}"),
+        ({"seed": 10**23}, f"seed must be in 0 .. {top}, got {10**23}"),
+        ({"data_seed": -5}, f"data_seed must be in 0 .. {top}, got -5"),
+        ({"seed": True}, "seed=True is not a valid integer"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            RunConfig(**kw).validate()
+
+
+def test_more_clients_a_round_than_clients_is_refused_when_validated():
+    with pytest.raises(ConfigError, match=r"per_round=10 exceeds the number of clients \(5\)"):
+        RunConfig(num_clients=5, per_round=10).validate()
+    with pytest.raises(ConfigError, match=r"per_round=8 \(--async's concurrency\) exceeds"):
+        RunConfig(
+            num_clients=5, per_round=3, system="lognormal", asynchronous="fedbuff:concurrency=8"
+        ).resolve()
+    # mode=personalized trains every client: per_round is not read there
+    assert RunConfig(mode="personalized", strategy="sp_cacw", num_clients=5).validate()
+
+
+def test_a_files_numbers_must_not_be_quoted_and_integers_fit_int32():
+    """``rounds = "5"`` in a file is refused, naming the key and the value (the command line's
+    text is typed by its flags); integers beyond int32 and absurd chunks are refused."""
+    for key, value in [("lr", "0.1"), ("rounds", "5"), ("num_clients", "12")]:
+        with pytest.raises(ConfigError, match=f"f.toml: {key}='{value}' is text where a number"):
+            RunConfig.from_dict({key: value}, source="f.toml")
+    assert RunConfig.from_dict({"num_clients": "none"}).num_clients == "none"  # TOML's null
+    with pytest.raises(ConfigError, match="rounds must be at most 2147483647, got 10"):
+        RunConfig(rounds=10**20).validate()
+    with pytest.raises(ConfigError, match="eval_every=2000000000 is more than the 1 rounds"):
+        RunConfig(rounds=1, eval_every=2 * 10**9).validate()
 
 
 def test_personalized_mode_refuses_the_settings_it_would_ignore():

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import sys
 import types
+import zipfile
 
 import jax
 import jax.numpy as jnp
@@ -565,6 +567,39 @@ def test_malformed_and_missing_files_give_clear_errors(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorflow_datasets", None)
     with pytest.raises(ConfigError, match="FEDJAX_SEL_DATA_DIR"):
         load_dataset("cifar10", num_clients=2, partition="iid")
+
+
+def _npy_bytes(shape, descr="<f4"):
+    """An .npy header claiming ``shape`` (and 16 bytes of data: the file is tiny)."""
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        buf, {"descr": descr, "fortran_order": False, "shape": shape}
+    )
+    return buf.getvalue() + bytes(16)
+
+
+def test_npz_members_claiming_more_than_the_memory_are_refused_before_they_are_read(tmp_path):
+    """An .npz member whose header claims more than the free memory was a MemoryError."""
+    path = tmp_path / "mnist.npz"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("x_train.npy", _npy_bytes((2**40, 28, 28)))
+        for name in ("y_train", "x_test", "y_test"):
+            z.writestr(f"{name}.npy", _npy_bytes((1,)))
+    with pytest.raises(
+        ConfigError,
+        match=r"mnist data file '.*mnist.npz', array 'x_train' \(shape \(1099511627776, 28, "
+        r"28\), dtype float32\) needs 3.06 PiB of memory",
+    ):
+        load_dataset("mnist", num_clients=2, partition="iid", data_path=path)
+
+
+def test_npz_pixels_and_labels_must_be_whole_numbers(tmp_path):
+    """Float pixels (NaN, or 0..1 that uint8 would truncate to 0) are refused, not misread."""
+    path = tmp_path / "mnist.npz"
+    for x in (np.full((4, 28, 28), np.nan), np.full((4, 28, 28), 0.5)):
+        np.savez(path, x_train=x, y_train=np.zeros(4, int), x_test=x, y_test=np.zeros(4, int))
+        with pytest.raises(ConfigError, match="x_train in .* must hold whole numbers"):
+            load_dataset("mnist", num_clients=2, partition="iid", data_path=path)
 
 
 def test_tensorflow_datasets_path_with_a_fake_tfds(monkeypatch, tmp_path):

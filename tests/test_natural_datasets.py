@@ -184,6 +184,28 @@ def test_emnist_writers_from_tff_hdf5_and_fedjax_sqlite(tmp_path, file_format):
         load_dataset("emnist_writers", data_path=tmp_path, only_digits=True, format=file_format)
 
 
+def test_fedjax_sqlite_path_with_uri_characters_is_a_path_and_nothing_is_created(tmp_path):
+    """A folder named ``d?mode=rwc#`` holds FedJAX files: they load (the path is escaped in
+    the ``file:`` URI, not read as URI options), and no file ``d`` is created beside it; a
+    missing file there is a ConfigError and still creates nothing."""
+    from fedjax_sel.data.federated_files import fedjax_client_ids
+
+    folder = tmp_path / "d?mode=rwc#"
+    folder.mkdir()
+    feats = {"pixels": np.zeros((2, 28, 28), np.float32), "label": np.array([1, 2], np.int32)}
+    for split in ("train", "test"):
+        _write_fedjax(folder / f"federated_emnist_{split}.sqlite", {"c": feats})
+    ds = load_dataset("emnist_writers", data_path=folder, format="fedjax")
+    assert ds.num_clients == 1
+    with pytest.raises(ConfigError, match="not found"):
+        fedjax_client_ids(folder / "missing.sqlite")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d?mode=rwc#"]
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "federated_emnist_test.sqlite",
+        "federated_emnist_train.sqlite",
+    ]
+
+
 @pytest.mark.parametrize("file_format", ["tff", "fedjax"])
 def test_cifar100_pachinko_and_shakespeare_from_tff_hdf5_and_fedjax_sqlite(tmp_path, file_format):
     rng = np.random.default_rng(3)
@@ -297,6 +319,41 @@ def test_bad_files_get_errors_that_name_them(tmp_path, femnist_dir):
     root, _ = femnist_dir
     with pytest.raises(ConfigError, match="keeps the published train/test split"):
         load_dataset("femnist", data_path=root, test_fraction=0.2)
+
+
+def test_non_finite_features_are_refused_naming_the_file_and_the_client(tmp_path):
+    """NaN or infinity in a LEAF JSON or TFF HDF5 file is refused at load (the run would
+    otherwise diverge and blame the learning rate)."""
+    leaf = tmp_path / "leaf"
+    (leaf / "train").mkdir(parents=True)
+    (leaf / "test").mkdir()
+    (leaf / "test" / "a.json").write_text(json.dumps({"users": [], "user_data": {}}))
+    for bad in (float("nan"), float("inf")):
+        one_user(leaf, x=[[0.5] * 783 + [bad]], y=[1])  # json writes NaN / Infinity
+        with pytest.raises(ConfigError, match=r"a.json', user 'w': x holds a non-finite value"):
+            load_dataset("femnist", data_path=leaf)
+    pixels = np.zeros((2, 28, 28), np.float32)
+    pixels[1, 3, 4] = np.nan
+    _write_tff(tmp_path / "fed_emnist_train.h5", {"c": {"pixels": pixels, "label": [0, 1]}})
+    _write_tff(tmp_path / "fed_emnist_test.h5", {"c": {"pixels": pixels[:1], "label": [0]}})
+    with pytest.raises(
+        ConfigError, match=r"fed_emnist_train.h5, client 'c': pixels holds a non-finite value"
+    ):
+        load_dataset("emnist_writers", data_path=tmp_path)
+
+
+def test_an_hdf5_dataset_claiming_more_than_the_memory_is_refused_before_it_is_read(tmp_path):
+    """A header's claimed size is checked against the free memory (no MemoryError)."""
+    with h5py.File(tmp_path / "fed_emnist_train.h5", "w") as f:  # chunked: nothing written
+        f.create_dataset("examples/c/pixels", shape=(2**34, 28, 28), dtype="f4", chunks=True)
+        f.create_dataset("examples/c/label", data=np.zeros(2, np.int32))
+    _write_tff(tmp_path / "fed_emnist_test.h5", {"c": {"pixels": np.zeros((1, 28, 28))}})
+    with pytest.raises(
+        ConfigError,
+        match=r"fed_emnist_train.h5', client 'c', feature 'pixels' \(shape \(17179869184, 28, "
+        r"28\), dtype float32\) needs 49 TiB of memory, more than the .* free",
+    ):
+        load_dataset("emnist_writers", data_path=tmp_path)
 
 
 @pytest.mark.slow

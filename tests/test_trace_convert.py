@@ -3,6 +3,7 @@ against availability worked out by hand."""
 
 from __future__ import annotations
 
+import io
 import json
 import pickle
 
@@ -109,3 +110,60 @@ def test_cli_reports_bad_input_with_exit_2(tmp_path, capsys):
         == 2
     )
     assert "does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "entry, match",
+    [
+        ({"active": [float("nan")], "inactive": [1], "finish_time": 9}, "holds the time nan"),
+        ({"active": [0], "inactive": [float("inf")], "finish_time": 9}, "holds the time inf"),
+        ({"active": [-4], "inactive": [1], "finish_time": 9}, "holds the time -4.0"),
+    ],
+)
+def test_non_finite_or_negative_times_are_refused(tmp_path, entry, match):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"7": entry}))  # json writes NaN / Infinity
+    with pytest.raises(ConfigError, match=match):
+        convert_behaviour_trace(path, round_seconds=10, rounds=3)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--start", "nan"], "start must be a time in seconds >= 0, got nan"),
+        (["--start=-inf"], "start must be a time in seconds >= 0, got -inf"),
+        # the output's size against the free memory, before anything is allocated (this was
+        # killed by the kernel at 24 GB)
+        (["--rounds", "1000000000"], "a trace of 1000000000 rounds x 3 clients"),
+        (["--rounds", "1000000000", "--clients", "100000"], "needs 182 TiB of memory"),
+        (["--rounds", "0"], "--rounds must be a whole number in 1 .."),
+    ],
+)
+def test_cli_refuses_meaningless_times_and_outputs_beyond_memory(
+    trace_file, tmp_path, flags, message, capsys
+):
+    argv = ["trace", "convert", str(trace_file), str(tmp_path / "o.npy"), "--round-seconds", "1"]
+    assert main([*argv, "--rounds", "3", *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "o.npy").exists()
+
+
+def test_replay_files_of_the_wrong_kind_are_named(tmp_path):
+    """Text, complex numbers, NaN and a header claiming more than the memory are refused."""
+    for name, array, match in [
+        ("s.npy", np.array([["1", "0"]]), "must hold numbers 0 and 1, got dtype <U1"),
+        ("c.npy", np.ones((2, 2), complex), "got dtype complex128"),
+        ("n.npy", np.full((2, 2), np.nan), "must hold only 0 and 1, found"),
+    ]:
+        np.save(tmp_path / name, array)
+        with pytest.raises(ConfigError, match=match):
+            load_trace(tmp_path / name)
+    header = tmp_path / "huge.npy"
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        buf, {"descr": "|u1", "fortran_order": False, "shape": (2**45, 20)}
+    )
+    header.write_bytes(buf.getvalue())
+    with pytest.raises(ConfigError, match=r"huge.npy' \(shape \(35184372088832, 20\), dtype "):
+        load_trace(header)

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from fedjax_sel.base import ConfigError
+from fedjax_sel.input_checks import check_claimed_bytes
 from fedjax_sel.safe_pickle import RefusedPickle, load_plain_pickle
 
 
@@ -71,6 +72,13 @@ def load_behaviour_trace(path: str | os.PathLike) -> list[dict]:
             )
         if not np.isfinite(period) or period <= 0:
             raise ConfigError(f"behaviour trace {p.name}: entry {key!r} has period {period!r}")
+        times = np.concatenate([active, inactive])
+        if not np.all(np.isfinite(times) & (times >= 0)):
+            bad = times[~(np.isfinite(times) & (times >= 0))][0]
+            raise ConfigError(
+                f"behaviour trace {p.name}: entry {key!r} holds the time {bad}; times are "
+                "finite seconds >= 0"
+            )
         if np.any(inactive < active) or np.any(np.diff(active) < 0):
             raise ConfigError(
                 f"behaviour trace {p.name}: entry {key!r} needs sorted intervals with "
@@ -119,16 +127,36 @@ def convert_behaviour_trace(
         raise ConfigError(f"rounds must be a positive integer, got {rounds!r}")
     if rule not in ("interval", "fedscale"):
         raise ConfigError(f"rule must be 'interval' or 'fedscale', got {rule!r}")
+    if not (np.isfinite(start) and start >= 0):
+        raise ConfigError(f"start must be a time in seconds >= 0, got {start!r}")
+    if clients is not None and (int(clients) != clients or clients < 1):
+        raise ConfigError(f"clients must be a positive integer, got {clients!r}")
+    if clients is not None:  # before the trace is read: the output's size alone may not fit
+        _check_size(int(rounds), int(clients))
     entries = load_behaviour_trace(path)
     k = len(entries) if clients is None else int(clients)
-    if k < 1:
-        raise ConfigError(f"clients must be a positive integer, got {clients!r}")
+    _check_size(int(rounds), k)
     times = float(start) + float(round_seconds) * np.arange(int(rounds))
+    if not np.isfinite(times[-1]):
+        raise ConfigError(
+            f"the last round starts at {times[-1]} s (start {start} + {rounds} rounds x "
+            f"{round_seconds} s): not a finite time"
+        )
     check = interval_rule if rule == "interval" else fedscale_rule
     out = np.zeros((int(rounds), k), bool)
     for client in range(k):
         out[:, client] = check(entries[(client + 1) % len(entries)], times)
     return out
+
+
+def _check_size(rounds: int, clients: int) -> None:
+    """Refuses an output that cannot fit the free memory: the trace and its copy as written,
+    the round times and a client's float64 and int64 temporaries in the interval rule (a
+    ``--rounds`` typo of 10**9 is not an out-of-memory kill)."""
+    check_claimed_bytes(
+        rounds * (2 * clients + 48),
+        f"a trace of {rounds} rounds x {clients} clients (--rounds x --clients)",
+    )
 
 
 def save_trace(trace: np.ndarray, path: str | os.PathLike) -> Path:

@@ -24,6 +24,7 @@ import numpy as np
 
 from fedjax_sel import availability as availability_lib
 from fedjax_sel.base import Array, AvailabilityModel, AvailabilityParams, ConfigError, PRNGKey
+from fedjax_sel.input_checks import check_claimed_bytes, load_npy, load_npz, npz_members
 
 
 class TraceState(NamedTuple):
@@ -42,23 +43,31 @@ def load_trace(path: str | os.PathLike) -> np.ndarray:
     if not p.is_file():
         raise ConfigError(f"availability trace {str(p)!r} does not exist")
     try:
-        if p.suffix == ".npy":
-            arr = np.load(p, allow_pickle=False)
+        if p.suffix == ".npy":  # headers checked against the free memory before reading
+            arr = load_npy(p, "availability trace")
         elif p.suffix == ".npz":
-            with np.load(p, allow_pickle=False) as z:
-                names = [n for n in ("availability", "trace") if n in z.files]
-                if not names and len(z.files) != 1:
-                    raise ConfigError(
-                        f"availability trace {p.name}: name the array 'availability' or 'trace' "
-                        f"(found {z.files})"
-                    )
-                arr = z[names[0] if names else z.files[0]]
+            files = npz_members(p, "availability trace")
+            names = [n for n in ("availability", "trace") if n in files]
+            if not names and len(files) != 1:
+                raise ConfigError(
+                    f"availability trace {p.name}: name the array 'availability' or 'trace' "
+                    f"(found {files})"
+                )
+            name = names[0] if names else files[0]
+            arr = load_npz(p, "availability trace", [name])[name]
         else:
+            check_claimed_bytes(8 * p.stat().st_size, f"availability trace {str(p)!r}")
             text = p.read_text()
             arr = np.loadtxt(text.replace(",", " ").splitlines(), ndmin=2)
+    except ConfigError:
+        raise
     except (ValueError, OSError) as e:
         raise ConfigError(f"cannot read availability trace {str(p)!r}: {e}") from None
     arr = np.asarray(arr)
+    if arr.dtype.kind not in "biuf":
+        raise ConfigError(
+            f"availability trace {p.name} must hold numbers 0 and 1, got dtype {arr.dtype}"
+        )
     if arr.ndim != 2 or arr.shape[0] < 1 or arr.shape[1] < 1:
         raise ConfigError(
             f"availability trace {p.name} must be a T x K array (rounds x clients), got shape "

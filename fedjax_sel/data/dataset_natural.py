@@ -48,6 +48,7 @@ from fedjax_sel.data.federated_files import (
     subsample,
     tff_client_ids,
 )
+from fedjax_sel.input_checks import check_finite
 
 
 def natural_dataset(name: str, *, description: str, default_model: str, reference: str):
@@ -316,11 +317,15 @@ def _tff_split(
     features: tuple[str, ...],
     convert: Callable[[dict, str], ClientExamples],
 ) -> dict[str, ClientExamples]:
-    """client id -> examples of the clients ``ids`` (default: all) of one file."""
-    return {
-        cid: convert(arrays, f"{name} {path.name}, client {cid!r}")
-        for cid, arrays in files.read(path, features, ids)
-    }
+    """client id -> examples of the clients ``ids`` (default: all) of one file (non-finite
+    values refused, naming the file and the client)."""
+    out = {}
+    for cid, arrays in files.read(path, features, ids):
+        where = f"{name} {path.name}, client {cid!r}"
+        out[cid] = examples = convert(arrays, where)
+        check_finite(examples.x, f"{where}: {features[0]}")
+        check_finite(examples.y, f"{where}: targets")
+    return out
 
 
 @natural_dataset(

@@ -24,8 +24,10 @@ final arrays. Nothing is unpickled or evaluated.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sqlite3
+import urllib.parse
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -35,6 +37,7 @@ import numpy as np
 
 from fedjax_sel.base import ConfigError
 from fedjax_sel.data.loaders import DATA_DIR_ENV
+from fedjax_sel.input_checks import check_claimed_bytes, check_finite
 
 
 class ClientExamples(NamedTuple):
@@ -124,25 +127,39 @@ def read_leaf_folder(
                 f"'user_data' (got keys {sorted(data)[:6] if isinstance(data, dict) else []})"
             )
         users, user_data = data["users"], data["user_data"]
-        counts = data.get("num_samples", [None] * len(users))
-        if len(counts) != len(users):
+        counts = data.get("num_samples", [None] * len(users) if isinstance(users, list) else [])
+        if not (isinstance(users, list) and isinstance(user_data, dict)):
             raise ConfigError(
-                f"LEAF file {str(f)!r}: {len(users)} users but {len(counts)} num_samples"
+                f"LEAF file {str(f)!r}: 'users' must be a list and 'user_data' an object"
+            )
+        if not isinstance(counts, list) or len(counts) != len(users):
+            raise ConfigError(
+                f"LEAF file {str(f)!r}: {len(users)} users but num_samples {str(counts)[:40]}"
             )
         for user, n in zip(users, counts, strict=True):
             where = f"LEAF file {str(f)!r}, user {user!r}"
-            entry = user_data.get(user)
+            entry = user_data.get(user) if isinstance(user, str) else None
             if not isinstance(entry, dict) or not {"x", "y"} <= set(entry):
                 raise ConfigError(f"{where}: no user_data entry with 'x' and 'y'")
+            if not (isinstance(entry["x"], list) and isinstance(entry["y"], list)):
+                raise ConfigError(f"{where}: 'x' and 'y' must be lists of examples")
             if len(entry["x"]) != len(entry["y"]):
                 raise ConfigError(
                     f"{where}: {len(entry['x'])} examples but {len(entry['y'])} targets"
                 )
-            if n is not None and int(n) != len(entry["y"]):
+            if n is not None and not (isinstance(n, int) and n == len(entry["y"])):
                 raise ConfigError(f"{where}: num_samples says {n}, user_data has {len(entry['y'])}")
             if user in out:
                 raise ConfigError(f"{where}: the user appears in two files of {str(folder)!r}")
-            out[user] = convert(entry["x"], entry["y"], where)
+            try:
+                examples = convert(entry["x"], entry["y"], where)
+            except (TypeError, ValueError) as e:
+                if isinstance(e, ConfigError):
+                    raise
+                raise ConfigError(f"{where}: examples of an unexpected form ({e})") from None
+            check_finite(examples.x, f"{where}: x")
+            check_finite(examples.y, f"{where}: y")
+            out[user] = examples
         del data
     return out
 
@@ -181,7 +198,7 @@ def tff_client_ids(path: Path) -> list[str]:
     h5py = _h5py()
     try:
         with h5py.File(path, "r") as f:
-            if "examples" not in f:
+            if not isinstance(f.get("examples"), h5py.Group):
                 raise ConfigError(
                     f"TFF file {str(path)!r} has no 'examples' group (TFF's layout: "
                     "examples/<client_id>/<feature>)"
@@ -203,13 +220,24 @@ def iter_tff_clients(
             if cid not in group:
                 raise ConfigError(f"TFF file {str(path)!r}: no client {cid!r}")
             g = group[cid]
-            missing = [k for k in features if k not in g]
+            where = f"TFF file {str(path)!r}, client {cid!r}"
+            if not isinstance(g, h5py.Group):
+                raise ConfigError(f"{where}: a client is a group of features, got {g}")
+            missing = [k for k in features if not isinstance(g.get(k), h5py.Dataset)]
             if missing:
-                raise ConfigError(
-                    f"TFF file {str(path)!r}, client {cid!r}: no feature {missing[0]!r} "
-                    f"(it has {sorted(g.keys())})"
-                )
-            yield cid, {k: g[k][()] for k in features}
+                raise ConfigError(f"{where}: no feature {missing[0]!r} (it has {sorted(g.keys())})")
+            yield cid, {k: _read_dataset(g[k], f"{where}, feature {k!r}") for k in features}
+
+
+def _read_dataset(dataset: Any, where: str) -> np.ndarray:
+    """An HDF5 dataset's array, the size its header claims checked against memory first."""
+    shape, dtype = tuple(dataset.shape or ()), dataset.dtype
+    claimed = math.prod(shape) * dtype.itemsize
+    check_claimed_bytes(claimed, f"{where} (shape {shape}, dtype {dtype})")
+    try:
+        return dataset[()]
+    except (OSError, ValueError, TypeError) as e:
+        raise ConfigError(f"{where} cannot be read: {e}") from None
 
 
 def tff_feature_lengths(path: Path, feature: str, clients: list[str]) -> np.ndarray:
@@ -258,9 +286,16 @@ _FEDJAX_NDARRAY, _FEDJAX_SCALAR, _FEDJAX_BYTES_ARRAY = 1, 3, 4
 
 
 def _sqlite(path: Path) -> sqlite3.Connection:
-    """A read-only connection to a FedJAX file, its ``federated_data`` table checked."""
+    """A read-only connection to a FedJAX file, its ``federated_data`` table checked. The
+    path is percent-escaped into the ``file:`` URI, so characters such as ``?`` and ``#`` in
+    a folder name are part of the path, never URI options (``mode=rwc`` would create a file);
+    a missing file is a :class:`ConfigError`."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"FedJAX file {str(path)!r} not found (or not a file)")
+    uri = f"file:{urllib.parse.quote(str(path.resolve()))}?mode=ro"
     try:
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        con = sqlite3.connect(uri, uri=True)
         tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     except sqlite3.DatabaseError as e:
         raise ConfigError(f"FedJAX file {str(path)!r} is not an SQLite database: {e}") from None

@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from fedjax_sel import input_checks
 from fedjax_sel.base import ConfigError
 
 DATA_DIR_ENV = "FEDJAX_SEL_DATA_DIR"
@@ -74,19 +75,24 @@ def resolve_local_file(name: str, path: str | os.PathLike | None) -> Path | None
 
 
 def load_npz(path: Path, name: str, num_classes: int, image_shape: tuple[int, ...]) -> ArrayDataset:
-    """Reads and checks a Keras-layout ``.npz``; any problem is a :class:`ConfigError`."""
-    try:
-        f = np.load(path)
-    except Exception as e:  # noqa: BLE001 - any unreadable file is a user error
-        raise ConfigError(f"{name}: cannot read {str(path)!r} as a .npz file ({e})") from None
-    with f:
-        missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in f.files]
-        if missing:
+    """Reads and checks a Keras-layout ``.npz`` (every array's header against the free memory
+    before it is read); any problem is a :class:`ConfigError`."""
+    keys = ["x_train", "y_train", "x_test", "y_test"]
+    arrays = input_checks.load_npz(path, f"{name} data file", keys)
+    missing = [k for k in keys if k not in arrays]
+    if missing:
+        raise ConfigError(
+            f"{name}: {str(path)!r} lacks the array(s) {missing}; expected the Keras layout "
+            "x_train, y_train, x_test, y_test"
+        )
+    for key, a in arrays.items():  # pixels and labels: whole numbers, read without rounding
+        if a.dtype.kind not in "buif" or (
+            a.dtype.kind == "f" and a.size and not np.all(np.isfinite(a) & (a == np.rint(a)))
+        ):
             raise ConfigError(
-                f"{name}: {str(path)!r} lacks the array(s) {missing}; expected the Keras layout "
-                "x_train, y_train, x_test, y_test"
+                f"{name}: {key} in {str(path)!r} must hold whole numbers (uint8 pixels, integer "
+                f"labels), got dtype {a.dtype} with values such as {a.ravel()[:3]}"
             )
-        arrays = {k: f[k] for k in ("x_train", "y_train", "x_test", "y_test")}
     out = {}
     for split in ("train", "test"):
         x, y = arrays[f"x_{split}"], arrays[f"y_{split}"].reshape(-1)
@@ -99,6 +105,11 @@ def load_npz(path: Path, name: str, num_classes: int, image_shape: tuple[int, ..
             )
         if len(x) != len(y):
             raise ConfigError(f"{name}: x_{split} has {len(x)} rows but y_{split} has {len(y)}")
+        if x.size and (x.min() < 0 or x.max() > 255):
+            raise ConfigError(
+                f"{name}: x_{split} in {str(path)!r} must hold pixels 0..255, got "
+                f"{x.min()}..{x.max()}"
+            )
         if len(y) and (y.min() < 0 or y.max() >= num_classes):
             raise ConfigError(
                 f"{name}: y_{split} in {str(path)!r} has labels outside 0..{num_classes - 1}"

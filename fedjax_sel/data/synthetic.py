@@ -19,6 +19,7 @@ from jax.extend.random import define_prng_impl, threefry2x32_p
 
 from fedjax_sel.base import ConfigError, PRNGKey
 from fedjax_sel.data.client_data import RowChunks
+from fedjax_sel.input_checks import check_claimed_bytes
 
 
 def leaf_synthetic_sizes(
@@ -127,6 +128,14 @@ def leaf_synthetic_rows(
         raise ConfigError(f"leaf_synthetic needs num_clients >= 1, got {num_clients}")
     if alpha < 0 or beta < 0:
         raise ConfigError(f"leaf_synthetic alpha and beta must be >= 0, got {alpha}, {beta}")
+    if dim < 1 or num_classes < 2:
+        raise ConfigError(
+            f"leaf_synthetic needs dim >= 1 and num_classes >= 2, got {dim}, {num_classes}"
+        )
+    check_claimed_bytes(  # one client's draws at least: W (dim x classes), b, v and Sigma
+        4 * dim * (num_classes + 3),
+        f"leaf_synthetic with dim={dim} and num_classes={num_classes}",
+    )
     if not iid and personal_scale is not None and not personal_scale >= 0:
         raise ConfigError(f"leaf_synthetic personal_scale must be >= 0, got {personal_scale}")
     if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):  # a raw uint32[2] key
@@ -386,6 +395,13 @@ def clustered_regression(
         )
     if examples_per_client < 2:
         raise ConfigError(f"examples_per_client must be >= 2, got {examples_per_client}")
+    if dim < 1:
+        raise ConfigError(f"clustered_regression needs dim >= 1, got {dim}")
+    check_claimed_bytes(  # x, y and their shuffled copies, before the generator allocates them
+        8 * num_clients * examples_per_client * (dim + 2),
+        f"regression data of {num_clients} clients x examples_per_client="
+        f"{examples_per_client} x dim={dim}",
+    )
     big_d = dim + int(intercept)
     params = regression_clusters(
         key,

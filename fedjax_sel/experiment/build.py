@@ -3,11 +3,16 @@ model, local-training settings and :class:`~fedjax_sel.simulation.Simulation`.""
 
 from __future__ import annotations
 
+import math
+
+import jax
+
 from fedjax_sel import availability as availability_lib
 from fedjax_sel import system as system_lib
-from fedjax_sel.config import RunConfig
+from fedjax_sel.config import RunConfig, check_per_round
 from fedjax_sel.data.datasets import FederatedDataset, load_dataset
 from fedjax_sel.fedbuff import from_spec as async_from_spec
+from fedjax_sel.input_checks import check_claimed_bytes
 from fedjax_sel.models import Model, make_model
 from fedjax_sel.simulation import Simulation, default_mesh
 from fedjax_sel.strategies import make_strategy
@@ -63,8 +68,19 @@ def build_simulation(
     replaces the configured one, e.g. a user's own flax model)."""
     config = config.resolve()
     dataset = dataset if dataset is not None else load_data_for(config)
+    # before anything is sized by it (the parallelism measurement samples per_round clients)
+    check_per_round(config.per_round, dataset.num_clients, of=f" of data set {dataset.name!r}")
+    check_claimed_bytes(  # one client's minibatch of float32 inputs, the least any mode holds
+        4 * config.batch_size * math.prod(dataset.input_shape),
+        f"a minibatch of batch_size={config.batch_size} examples of shape {dataset.input_shape}",
+    )
     slots = system_lib.overcommitted(config.per_round, config.overcommit, dataset.num_clients)
     model = model if model is not None else model_for(config, dataset)
+    shapes = jax.eval_shape(model.init, jax.random.key(0))  # sizes only, nothing allocated
+    check_claimed_bytes(
+        sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(shapes)),
+        f"the parameters of model {model.name!r} (model_args {config.model_args})",
+    )
     local = local_config(config)
     parallel, choice = resolve_parallel(
         config.parallel,
