@@ -52,6 +52,8 @@ def main() -> None:
         wall = time.perf_counter() - t0
         peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # KiB on Linux
         summary = json.loads((Path(tmp) / "summary.json").read_text())
+        # the speed and memory totals, kept in the summary of this file as before
+        summary.update(json.loads((Path(tmp) / "timings.json").read_text()))
         config = json.loads((Path(tmp) / "config.json").read_text())
     kept = {k: v for k, v in summary.items() if not isinstance(v, list)}
     row = {

@@ -59,7 +59,7 @@ def main() -> None:
         profiled = run_experiment(config.replace(profile=True), None, progress=False)
     # --profile's seconds of the chunks after the first (which compiles)
     host = {k: 0.0 for k in GROUPS}
-    for record in profiled.evals[1:]:
+    for record in profiled.timings["evaluations"][1:]:
         for k in GROUPS:
             host[k] += record["seconds"][k]
     trace_groups = {k: sum(traced.get(p, 0.0) for p in parts) for k, parts in GROUPS.items()}

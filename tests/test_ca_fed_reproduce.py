@@ -427,8 +427,8 @@ def test_tiny_end_to_end_verdicts_and_cache(tiny, tmp_path, capsys, check_pinned
     stats = per_seed_stats_in(json.loads((out / "results.json").read_text()))
     assert {st["from_per_seed"].get("derive") for st in stats} == {
         None,
-        "fedjax_sel.reproduce.ca_fed:class_shares",
-        "fedjax_sel.reproduce.ca_fed:class_weights",
+        "ca_fed.class_shares",
+        "ca_fed.class_weights",
     }
     assert not not_recomputed(json.loads((out / "results.json").read_text()), per_seed["cells"])
     capsys.readouterr()

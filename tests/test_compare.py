@@ -9,16 +9,18 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from fedjax_sel.base import ConfigError
 from fedjax_sel.cli import main
-from fedjax_sel.experiment import compare
+from fedjax_sel.experiment import compare, load_runs
 from fedjax_sel.experiment.compare import (
     bootstrap_ci,
     higher_is_better,
     is_accuracy,
+    markdown,
     mean_ci,
     paired_stats,
 )
-from fedjax_sel.experiment.outputs import write_json
+from fedjax_sel.experiment.outputs import read_metrics, write_json
 from fedjax_sel.reproduce.common import (
     holm_verdicts,
     p_values_from_ci,
@@ -146,6 +148,126 @@ def test_cli_compare_and_missing_baseline(planted, tmp_path, capsys):
     assert "baseline 'nope' not found" in capsys.readouterr().err
     assert main(["compare", str(tmp_path / "missing")]) == 2
     assert "missing' does not exist" in capsys.readouterr().err
+
+
+def test_compare_refuses_a_metrics_file_with_a_corrupt_middle_line(planted, tmp_path, capsys):
+    """A corrupt line in the middle of ``metrics.jsonl`` is exit 2 naming the file and the
+    line, not the curve up to there reported as the run's (``accuracy@30`` used to print
+    round 20's accuracy)."""
+    root, _ = planted
+    copy = tmp_path / "runs"
+    for label in ("base", "better"):
+        for s in range(2):
+            src, dst = root / label / f"seed{s}", copy / label / f"seed{s}"
+            dst.mkdir(parents=True)
+            for f in src.iterdir():
+                (dst / f.name).write_bytes(f.read_bytes())
+    bad = copy / "better" / "seed1" / "metrics.jsonl"
+    lines = bad.read_text().splitlines()
+    bad.write_text("\n".join([lines[0], lines[1][:15], lines[2]]) + "\n")
+    assert main(["compare", str(copy), "--baseline", "base", "--at-round", "30"]) == 2
+    err = capsys.readouterr().err
+    assert "metrics.jsonl' line 2 is not valid JSON" in err and str(bad) in err
+    assert "Traceback" not in err
+
+
+def test_read_metrics_ignores_only_the_lines_past_a_resumes_record_count(tmp_path):
+    """A resume reads the first ``limit`` records (what its checkpoint says is valid): the
+    lines after them, perhaps cut short by the crash, are ignored there and nowhere else."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"round": 2}\n{"round": 4}\n{"rou')
+    assert read_metrics(path, limit=2) == [{"round": 2}, {"round": 4}]
+    with pytest.raises(ConfigError, match="line 3 is not valid JSON"):
+        read_metrics(path)
+    path.write_text('{"round": 2}\n[1, 2]\n')
+    with pytest.raises(ConfigError, match="line 2 is not an evaluation record"):
+        read_metrics(path)
+
+
+def test_compare_on_a_sweep_folder_pairs_against_the_sweeps_own_baseline(planted, tmp_path):
+    """``sweep.json`` says ``[sweep] baseline = "same"``: compare uses it without
+    ``--baseline`` (it used to take the first label alphabetically, ``base``); an explicit
+    ``--baseline`` still wins."""
+    root, _ = planted
+    # no cell list: every run under the folder is compared (a listed sweep reads its cells)
+    write_json(root / "sweep.json", {"source": {"sweep": {"baseline": "same"}}})
+    try:
+        rows = compare([root], metrics=["final_accuracy"], echo=None)
+        assert {r["baseline"] for r in rows} == {"same"}
+        assert [r["strategy"] for r in rows if r["diff"] is None] == ["same"]
+        rows = compare([root], baseline="base", metrics=["final_accuracy"], echo=None)
+        assert {r["baseline"] for r in rows} == {"base"}
+    finally:
+        (root / "sweep.json").unlink()
+
+
+def test_unknown_metric_is_an_error_listing_the_valid_forms(planted, capsys):
+    """``--metric`` with a name no run has (or a malformed ``accuracy@R``) exits 2 listing the
+    forms; it used to print nothing and exit 0."""
+    root, _ = planted
+    for bad in ("final_acuracy", "accuracy@x", "rounds_to:high"):
+        assert main(["compare", str(root), "--metric", bad]) == 2
+        err = capsys.readouterr().err
+        assert f"unknown metric {bad!r}" in err
+        assert "final_accuracy" in err and "accuracy@R" in err and "rounds_to:A" in err
+    assert main(["compare", str(root), "--metric", "final_test_loss"]) == 0
+    capsys.readouterr()
+
+
+def test_diverged_and_nan_runs_are_left_out_with_a_count(planted, tmp_path):
+    """A diverged run (``diverged: true``) is left out of the means, intervals and pairs, and
+    its row counts it; a summary NaN (or null) of a run that did not diverge gives no ``nan``
+    row: that run is left out (``seeds`` < ``runs``)."""
+    root, values = planted
+    runs = load_runs([root])
+    for r in runs:
+        if r.label == "better" and r.seed in (0, 1):
+            r.summary = {**r.summary, "diverged": True, "final_accuracy": None}
+        if r.label == "same" and r.seed == 2:
+            r.summary = {**r.summary, "final_accuracy": float("nan")}
+        if r.label == "base" and r.seed == 3:
+            r.summary = {**r.summary, "diverged": True}  # its pairs go too
+    rows = compare(runs=runs, baseline="base", metrics=["final_accuracy"], echo=None)
+    by = {r["strategy"]: r for r in rows}
+    assert [by[s]["diverged"] for s in ("base", "better", "same")] == [1, 2, 0]
+    assert by["better"]["seeds"] == SEEDS - 2 and by["better"]["runs"] == SEEDS
+    kept = [s for s in range(SEEDS) if s not in (0, 1)]
+    assert by["better"]["mean"] == pytest.approx(np.mean(values["better"][kept]))
+    assert by["better"]["pairs"] == len(kept) - 1  # the baseline's seed 3 diverged
+    assert by["same"]["seeds"] == SEEDS - 1 and np.isfinite(by["same"]["mean"])
+    table = markdown(rows)
+    assert "| diverged |" in table and "nan" not in table
+    assert f"| better | {SEEDS - 2} of {SEEDS} | 2 |" in table
+    # every run of a strategy diverged: a row that says so, with no number
+    for r in runs:
+        if r.label == "better":
+            r.summary = {**r.summary, "diverged": True}
+    rows = compare(runs=runs, baseline="base", metrics=["final_accuracy"], echo=None)
+    row = next(r for r in rows if r["strategy"] == "better")
+    assert row["diverged"] == SEEDS and row["seeds"] == 0 and row["mean"] is None
+    assert f"| better | 0 of {SEEDS} | {SEEDS} | - |" in markdown(rows)
+
+
+def test_spreads_and_losses_are_lower_is_better_as_in_the_suite():
+    """A larger spread of accuracy across clients is worse (``higher_is_better`` said True,
+    so compare counted it as a win); compare agrees with the suite on the metrics both use."""
+    from fedjax_sel.experiment import suite
+
+    for metric in (
+        "final_client_test_accuracy_std",
+        "selection_count_std",
+        "selection_count_cv",
+        "stability_drop",
+        "best_test_loss",
+        "final_test_loss",
+        "rounds_to:0.8",
+        "time_to:0.8",
+    ):
+        assert not higher_is_better(metric), metric
+    for metric in ("final_accuracy", "jain_fairness", "accuracy@20", "peak_accuracy"):
+        assert higher_is_better(metric), metric
+    for metric in (*suite.LOWER_IS_BETTER, *suite.CELL_METRICS):
+        assert higher_is_better(metric) == suite.higher_is_better(metric), metric
 
 
 def test_percent_reports_accuracies_in_percent_and_differences_in_points(planted, tmp_path):
@@ -350,6 +472,28 @@ def test_per_seed_means_of_diagnostics_come_back_from_the_per_seed_file(tmp_path
     cells = study.per_seed([])
     assert cells["s/A"]["seeds"]["1"] == {"diagnostic.ratio": 0.75, "diagnostic.sizes": [5.0, 1.0]}
     assert recompute_from_per_seed(cells, means) == means
+
+
+@pytest.mark.parametrize("derive", ["subprocess:run", "os:system", "os.system", ["x"]])
+def test_a_results_file_naming_an_import_path_as_derive_runs_nothing(tmp_path, derive):
+    """A ``results.json`` statistic names its ``derive`` from a fixed registry of library
+    functions; one naming an import path (``subprocess:run``, ``os:system``) or anything
+    unregistered is refused with a ConfigError naming it and the known names, and nothing it
+    names is called (the marker file is never created)."""
+    from fedjax_sel.base import ConfigError
+    from fedjax_sel.reproduce.common import DERIVES, not_recomputed
+
+    marker = tmp_path / "ran"
+    # the means dict's keys are the command: subprocess.run(means) used to run `touch marker`
+    keys = ["touch", str(marker)]
+    cells = {"s/A": {"label": "A", "seeds": {"0": {f"diagnostic.{k}": 1.0 for k in keys}}}}
+    source = {"arm": "s/A", "prefix": "diagnostic.", "keys": keys, "derive": derive,
+              "derive_args": {}}  # fmt: skip
+    results = {"row": {"from_per_seed": source, "touch": 1.0}}
+    with pytest.raises(ConfigError, match=r"unknown derive .*known: .*ca_fed\.tuning_score"):
+        not_recomputed(results, cells)
+    assert not marker.exists()
+    assert {"ca_fed.tuning_score", "ca_fed.class_shares", "ca_fed.class_weights"} <= set(DERIVES)
 
 
 def test_per_seed_cells_record_which_seeds_ran_vmapped_together(tmp_path):

@@ -135,7 +135,7 @@ def test_weight_sums_and_law_diagnostics(tmp_path):
 
     now_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    assert 2**20 < r.summary["peak_host_memory_bytes"] <= min(now_kib * 1024, pages)
+    assert 2**20 < r.timings["peak_host_memory_bytes"] <= min(now_kib * 1024, pages)
     diag = r.evals[-1]["diagnostics"]
     assert diag["law_entropy_ratio"] == pytest.approx(1.0, abs=1e-6)  # uniform law
     assert diag["law_max_over_uniform"] == pytest.approx(1.0, abs=1e-5)
@@ -224,9 +224,12 @@ def test_toml_config_and_exclusive_override(tmp_path):
 
 
 def test_sweep_reruns_bit_identically_and_reuses_finished_cells(tmp_path, capsys):
+    """The same sweep (seeds batched alike) run twice writes byte-identical ``metrics.jsonl``
+    and ``summary.json`` in every cell: wall-clock time goes to ``timings.json`` only."""
     sweep = tmp_path / "s.toml"
     sweep.write_text(
-        '[sweep]\nseeds = 2\nbaseline = "uniform"\n[base]\nnum_clients = 10\nper_round = 3\n'
+        '[sweep]\nseeds = 2\nseeds_together = 2\nbaseline = "uniform"\n'
+        "[base]\nnum_clients = 10\nper_round = 3\n"
         "rounds = 4\neval_every = 2\nlocal_steps = 3\nbatch_size = 16\nlr = 0.1\n"
         '[[strategies]]\nstrategy = "uniform"\n[[strategies]]\nstrategy = "full"\n'
         "per_round = 10\n"
@@ -239,9 +242,10 @@ def test_sweep_reruns_bit_identically_and_reuses_finished_cells(tmp_path, capsys
     )
     assert len(cells) == 4
     for c in cells:
-        assert files_without_timings(tmp_path / "a" / c) == files_without_timings(
-            tmp_path / "b" / c
-        )
+        for name in ("metrics.jsonl", "summary.json"):
+            first, second = ((tmp_path / d / c / name).read_bytes() for d in "ab")
+            assert first == second, f"{c}/{name}"
+        assert (tmp_path / "a" / c / "timings.json").exists()
         info = json.loads((tmp_path / "a" / c / "config.json").read_text())
         assert info["sweep"]["label"] in ("uniform", "full")
     before = {c: (tmp_path / "a" / c / "summary.json").stat().st_mtime_ns for c in cells}
@@ -279,6 +283,39 @@ def test_sweep_reruns_bit_identically_and_reuses_finished_cells(tmp_path, capsys
         assert r["unit"] == "percent" and r["mean"] == pytest.approx(100 * np.mean(values))
 
 
+def test_a_sweep_with_diverged_cells_marks_them_and_exits_3(tmp_path, capsys):
+    """lr = 1e4 diverges on digits: those cells' summaries say ``diverged`` with null final
+    metrics (not the NaN model's accuracy), the comparison leaves them out and counts them,
+    and ``fedjax-sel sweep`` exits 3 naming them unless ``--allow-diverged`` (then 0)."""
+    sweep, out = tmp_path / "d.toml", tmp_path / "out"
+    sweep.write_text(
+        '[sweep]\nseeds = 2\nseeds_together = 2\nbaseline = "uniform"\n'
+        "[base]\nnum_clients = 10\nper_round = 3\n"
+        "rounds = 4\neval_every = 2\nlocal_steps = 3\nbatch_size = 16\nlr = 0.1\n"
+        '[[strategies]]\nstrategy = "uniform"\n'
+        '[[strategies]]\nlabel = "hot"\nstrategy = "uniform"\nlr = 1e4\n'
+    )
+    status = main(["sweep", str(sweep), "--out", str(out), "--no-progress"])
+    cell = out / "runs" / "default" / "hot" / "seed0"
+    summary = json.loads((cell / "summary.json").read_text())
+    assert summary["diverged"] and summary["rounds_completed"] < 4
+    for key in ("final_accuracy", "stable_accuracy", "final_test_loss"):
+        assert summary[key] is None, key
+    last = read_metrics(cell / "metrics.jsonl")[-1]
+    assert last["round"] == summary["rounds_completed"] and last["test_accuracy"] is None
+    rows = json.loads((out / "comparison.json").read_text())
+    by = {r["strategy"]: r for r in rows if r["metric"] == "final_accuracy"}
+    assert (by["uniform"]["seeds"], by["uniform"]["diverged"]) == (2, 0)
+    assert (by["hot"]["seeds"], by["hot"]["diverged"], by["hot"]["runs"]) == (0, 2, 2)
+    assert by["hot"]["mean"] is None and by["hot"]["diff"] is None
+    assert "| hot | 0 of 2 | 2 | - |" in (out / "comparison.md").read_text()
+    assert status == 3
+    assert "2 sweep cell(s) diverged: hot seed 0, hot seed 1" in capsys.readouterr().err
+    argv = ["sweep", str(sweep), "--out", str(out), "--no-progress", "--allow-diverged"]
+    assert main(argv) == 0  # the finished cells reused
+    capsys.readouterr()
+
+
 def test_run_killed_with_sigkill_resumes_bit_identically(tmp_path):
     """A real run in a subprocess, killed with SIGKILL after its first checkpoints, resumes
     with ``--resume`` to the files of an uninterrupted run (timings aside), no metrics line
@@ -297,7 +334,10 @@ def test_run_killed_with_sigkill_resumes_bit_identically(tmp_path):
     )
     deadline = time.time() + 300
     while time.time() < deadline and proc.poll() is None:
-        if (killed / "checkpoint.npz").exists() and len(read_metrics(killed / "metrics.jsonl")) > 9:
+        # complete lines only: the run is writing the file
+        metrics = killed / "metrics.jsonl"
+        lines = metrics.read_text().count("\n") if metrics.exists() else 0
+        if (killed / "checkpoint.npz").exists() and lines > 9:
             break
         time.sleep(0.05)
     assert proc.poll() is None, "the run ended before it could be killed"
@@ -340,7 +380,7 @@ def test_sweep_override_sets_every_cell_after_the_strategies(tmp_path):
         "sweep": {"seeds": 2, "time_targets": [0.8], "percent": True},
         "base": {"dataset": "digits", "rounds": 40},
         "strategies": [{"strategy": "uniform"}, {"strategy": "full", "rounds": 90}],
-        "override": {"rounds": "2"},
+        "override": {"rounds": 2},  # --set rounds=2, typed by the command line
     }
     sweep = expand_sweep(spec, tmp_path)
     assert [c.config.rounds for c in sweep.cells] == [2, 2, 2, 2]

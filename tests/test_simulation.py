@@ -13,7 +13,8 @@ from fedjax_sel.availability import bernoulli
 from fedjax_sel.base import ConfigError
 from fedjax_sel.config import RunConfig
 from fedjax_sel.data import load_dataset
-from fedjax_sel.experiment import run_experiment
+from fedjax_sel.experiment import finished_result, run_experiment
+from fedjax_sel.experiment.outputs import TIMING_KEYS
 from fedjax_sel.models import make_model
 from fedjax_sel.simulation import Simulation
 from fedjax_sel.strategies import make_strategy
@@ -255,12 +256,13 @@ def test_run_experiment_writes_the_output_contract(tmp_path):
         dataset="digits", num_clients=10, per_round=3, rounds=6, eval_every=3, lr=0.1, seed=0
     )
     res = run_experiment(cfg, tmp_path, progress=False)
-    for name in ("config.json", "metrics.jsonl", "summary.json", "curves.png"):
+    for name in ("config.json", "metrics.jsonl", "summary.json", "timings.json", "curves.png"):
         assert (tmp_path / name).exists(), name
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in lines] == [3, 6]
     for r in lines:
-        assert {"test_accuracy", "test_loss", "train_loss", "selected", "seconds"} <= set(r)
+        assert {"test_accuracy", "test_loss", "train_loss", "selected"} <= set(r)
+        assert "seconds" not in r  # wall-clock time lives in timings.json only
         assert len(r["selected"]) == 3 and all(len(s) == 3 for s in r["selected"])
     summary = json.loads((tmp_path / "summary.json").read_text())
     for key in (
@@ -268,12 +270,19 @@ def test_run_experiment_writes_the_output_contract(tmp_path):
         "peak_accuracy",
         "stable_accuracy",
         "stability_drop",
-        "wall_seconds",
-        "rounds_per_second",
-        "client_updates_per_second",
         "jain_fairness",
     ):
         assert key in summary, key
+    assert not set(summary) & TIMING_KEYS
+    # the timings: per evaluation the phase seconds, and the run's totals; a folder read back
+    # gives the fresh result's
+    timings = json.loads((tmp_path / "timings.json").read_text())
+    assert [e["round"] for e in timings["evaluations"]] == [3, 6]
+    assert all(e["seconds"]["eval"] > 0 for e in timings["evaluations"])
+    for key in ("wall_seconds", "rounds_per_second", "client_updates_per_second"):
+        assert timings[key] > 0, key
+    assert res.timings == timings
+    assert finished_result(cfg.resolve(), tmp_path).timings == res.timings
     assert summary["final_accuracy"] == pytest.approx(lines[-1]["test_accuracy"])
     assert sum(summary["selection_counts"]) == 18
     config = json.loads((tmp_path / "config.json").read_text())
@@ -300,6 +309,10 @@ def test_diverging_run_stops_cleanly_and_keeps_its_metrics(tmp_path):
     saved = json.loads((tmp_path / "summary.json").read_text())
     assert saved["diverged"] and saved["diverged_at_round"] == s["diverged_at_round"]
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == len(res.evals) >= 1
+    # diverged is a state, not a number: what describes the model at the end is null
+    assert saved["final_test_loss"] is None and saved["stable_test_loss"] is None
+    last = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["round"] == s["rounds_completed"] and last["test_loss"] is None
 
 
 @pytest.mark.parametrize(

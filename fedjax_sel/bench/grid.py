@@ -94,7 +94,7 @@ def _side(cells: list[Cell], together: int | str, counter: _Compilations) -> dic
         wall = time.perf_counter() - t0
     finally:
         run_lib.run_group = real
-    steady = [1.0 / r.summary["rounds_per_second"] for r in results]
+    steady = [1.0 / r.timings["rounds_per_second"] for r in results]
     return {
         "wall_s": wall,
         "s_per_config_round": float(np.mean(steady)),

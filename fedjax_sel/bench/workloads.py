@@ -214,7 +214,7 @@ def run_one(name: str, *, data_dir: str | None, rounds: int | None, clients: int
         eval_every=max(1, run_rounds // 10) if run_rounds > 1 else 1, seed=0,
     )  # fmt: skip
     result = run_experiment(config, None, progress=False, dataset=ds, echo=lambda *_: None)
-    s = result.summary
+    s = {**result.summary, **result.timings}
     spr = 1.0 / s["rounds_per_second"] if s.get("rounds_per_second") else None
     first_rounds = config.eval_every
     compile_s = None

@@ -10,15 +10,15 @@ t-test's p-value and the win rate (share of seeds on which the strategy beats th
 ties count one half).
 
 ``fedjax-sel compare DIR... --baseline NAME --out OUT`` writes ``OUT/comparison.json`` (a list
-of rows with ``strategy``, ``setting``, ``metric``, ``seeds``, ``mean``, ``ci_low``,
-``ci_high``, ``diff``, ``diff_ci_low``, ``diff_ci_high``, ``win_rate`` ...; the diff fields are
-null for the baseline itself), ``comparison.csv``, ``comparison.md`` and ``comparison.png``
-(mean test-accuracy curves with 95% CI bands).
+of rows with ``strategy``, ``setting``, ``metric``, ``seeds``, ``runs``, ``diverged``, ``mean``,
+``ci_low``, ``ci_high``, ``diff``, ``diff_ci_low``, ``diff_ci_high``, ``win_rate`` ...; the diff
+fields are null for the baseline itself), ``comparison.csv``, ``comparison.md`` and
+``comparison.png`` (mean test-accuracy curves with 95% CI bands). Diverged runs are counted,
+never averaged (:func:`compare`).
 """
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import functools
 import math
@@ -29,13 +29,16 @@ from typing import Any
 import numpy as np
 
 from fedjax_sel.base import ConfigError
+from fedjax_sel.experiment.outdir import folder_name
 from fedjax_sel.experiment.outputs import (
     CONFIG,
     METRICS,
     SUMMARY,
+    csv_text,
     plot_curves,
     read_json,
     read_metrics,
+    write_atomic,
     write_json,
 )
 
@@ -53,6 +56,25 @@ SUMMARY_METRICS = {
     "final_test_loss": False,
     "stable_test_loss": False,
 }
+
+# other metrics of which less is better: spreads across clients, uneven selection, instability
+# and costs (the suite's names among them: experiment/suite.py's LOWER_IS_BETTER agrees)
+LOWER_IS_BETTER = frozenset(
+    {
+        "final_client_test_accuracy_std",
+        "client_accuracy_std",
+        "selection_count_std",
+        "selection_count_cv",
+        "selection_tv_from_uniform",
+        "clients_never_selected",
+        "stability_drop",
+        "best_test_loss",
+        "target_test_loss",
+        "rounds_to_target",
+        "time_to_target",
+        "deadline_hit_share",
+    }
+)
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -154,15 +176,48 @@ class Run:
     summary: dict[str, Any]
     records: list[dict[str, Any]]
 
+    @property
+    def diverged(self) -> bool:
+        """The run stopped on a non-finite loss or model: it has no result to compare."""
+        return bool(self.summary.get("diverged"))
+
+
+def sweep_cell_folders(folder: Path) -> list[Path] | None:
+    """The cell folders a sweep folder's ``sweep.json`` lists (``None``: not a sweep's), so
+    that comparing a sweep reads its own cells, never what an earlier sweep left under
+    ``runs/``."""
+    if not (folder / "sweep.json").exists():
+        return None
+    cells = read_json(folder / "sweep.json").get("cells")
+    if not isinstance(cells, list):
+        return None
+    try:
+        return [
+            folder
+            / "runs"
+            / folder_name(str(c["setting"]))
+            / folder_name(str(c["label"]))
+            / f"seed{int(c['seed'])}"
+            for c in cells
+        ]
+    except (KeyError, TypeError, ValueError):
+        raise ConfigError(f"{str(folder / 'sweep.json')!r} lists a malformed cell") from None
+
 
 def load_runs(dirs: Iterable[str | Path]) -> list[Run]:
-    """Every finished run (a folder with ``summary.json`` and ``config.json``) under ``dirs``."""
+    """Every finished run (a folder with ``summary.json`` and ``config.json``) under ``dirs``;
+    in a sweep's folder, the finished cells its ``sweep.json`` lists."""
     runs = []
     for d in dirs:
         d = Path(d)
         if not d.exists():
             raise ConfigError(f"{str(d)!r} does not exist")
-        for summary_path in sorted([d / SUMMARY] if (d / SUMMARY).exists() else d.rglob(SUMMARY)):
+        cells = sweep_cell_folders(d)
+        if cells is not None:
+            found = [c / SUMMARY for c in cells if (c / SUMMARY).exists()]
+        else:
+            found = [d / SUMMARY] if (d / SUMMARY).exists() else d.rglob(SUMMARY)
+        for summary_path in sorted(found):
             folder = summary_path.parent
             if not (folder / CONFIG).exists():
                 continue
@@ -187,13 +242,15 @@ def load_runs(dirs: Iterable[str | Path]) -> list[Run]:
 
 def metric_value(run: Run, metric: str) -> float | None:
     """A metric of a run: a summary key, ``accuracy@R`` (test accuracy at the last evaluation
-    at or before round R), ``rounds_to:A`` (first evaluated round with test accuracy >= A;
-    ``None`` when never reached) or ``time_to:A`` (the simulated seconds at that evaluation,
-    runs with a system model)."""
+    at or before round R; ``None`` when that evaluation has none, e.g. a diverged model's),
+    ``rounds_to:A`` (first evaluated round with test accuracy >= A; ``None`` when never
+    reached) or ``time_to:A`` (the simulated seconds at that evaluation, runs with a system
+    model). A value that is not a finite number is ``None``."""
     if metric.startswith("accuracy@"):
         r = int(metric.split("@", 1)[1])
-        before = [e for e in run.records if e["round"] <= r and e.get("test_accuracy") is not None]
-        return float(before[-1]["test_accuracy"]) if before else None
+        before = [e for e in run.records if e["round"] <= r]
+        v = before[-1].get("test_accuracy") if before else None
+        return _finite(v)
     if metric.startswith("rounds_to:") or metric.startswith("time_to:"):
         target = float(metric.split(":", 1)[1])
         key = "round" if metric.startswith("rounds_to:") else "sim_time_s"
@@ -201,8 +258,66 @@ def metric_value(run: Run, metric: str) -> float | None:
             if e.get("test_accuracy") is not None and e["test_accuracy"] >= target:
                 return None if e.get(key) is None else float(e[key])
         return None
-    v = run.summary.get(metric)
-    return None if v is None or not isinstance(v, (int, float)) else float(v)
+    return _finite(run.summary.get(metric))
+
+
+def _finite(v: Any) -> float | None:
+    """``v`` as a float, or ``None`` when it is not a finite number."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return float(v)
+
+
+def check_metrics(metrics: Sequence[str], runs: Sequence[Run]) -> None:
+    """Raises :class:`ConfigError` for a metric that is none of the forms :func:`metric_value`
+    reads: a summary metric (of :data:`SUMMARY_METRICS`, or a number some run's summary holds),
+    ``accuracy@R``, ``rounds_to:A`` or ``time_to:A``."""
+    numeric = set(SUMMARY_METRICS) | {
+        k
+        for r in runs
+        for k, v in r.summary.items()
+        if v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+    }
+    for metric in metrics:
+        if metric in numeric:
+            continue
+        name, sep, arg = metric.partition("@")
+        if not sep:
+            name, sep, arg = metric.partition(":")
+        try:
+            if name == "accuracy" and sep == "@" and int(arg) >= 0:
+                continue
+            if name in ("rounds_to", "time_to") and sep == ":" and math.isfinite(float(arg)):
+                continue
+        except ValueError:
+            pass
+        raise ConfigError(
+            f"unknown metric {metric!r}; use a summary metric ({', '.join(sorted(numeric))}), "
+            "accuracy@R (R a round), rounds_to:A or time_to:A (A an accuracy)"
+        )
+
+
+def sweep_baseline(dirs: Iterable[str | Path]) -> str | None:
+    """The baseline of the sweep folders among ``dirs`` (their ``sweep.json``: the file's
+    ``[sweep] baseline``, else its first strategy, as the sweep itself compared them);
+    ``None`` when no folder is a sweep's. Sweeps of different baselines are an error."""
+    found = {}
+    for d in dirs:
+        path = Path(d) / "sweep.json"
+        if not path.exists():
+            continue
+        info = read_json(path)
+        source = info.get("source") if isinstance(info, dict) else None
+        options = source.get("sweep", {}) if isinstance(source, dict) else {}
+        base = options.get("baseline") if isinstance(options, dict) else None
+        cells = info.get("cells") if isinstance(info, dict) else None
+        if base is None and isinstance(cells, list) and cells and isinstance(cells[0], dict):
+            base = cells[0].get("label")
+        if base is not None:
+            found[str(path)] = str(base)
+    if len(set(found.values())) > 1:
+        raise ConfigError(f"the sweeps have different baselines {found}; give --baseline")
+    return next(iter(found.values()), None)
 
 
 def _to_target(metric: str) -> bool:
@@ -218,7 +333,14 @@ def is_accuracy(metric: str) -> bool:
 
 
 def higher_is_better(metric: str) -> bool:
-    return not _to_target(metric) and SUMMARY_METRICS.get(metric, "loss" not in metric)
+    """Whether a larger value of ``metric`` is better: accuracies and fairness yes; losses,
+    spreads (a standard deviation or coefficient of variation across clients), instability and
+    rounds or seconds to a target no."""
+    if metric in SUMMARY_METRICS:
+        return SUMMARY_METRICS[metric]
+    if _to_target(metric) or metric in LOWER_IS_BETTER:
+        return False
+    return not any(part in metric for part in ("loss", "_std", "_cv"))
 
 
 def _scaled(value: float | None, scale: float | None) -> float | None:
@@ -243,9 +365,11 @@ def compare(
 
     Args:
       dirs: run or sweep folders (searched recursively); or give ``runs``.
-      baseline: the label every other strategy is paired against (default: the first label
-        in sorted order); must exist in every setting.
-      metrics: summary metrics (default: those of :data:`SUMMARY_METRICS` the runs have).
+      baseline: the label every other strategy is paired against (default: a sweep folder's
+        own baseline, its ``sweep.json``'s; else the first label in sorted order); must exist
+        in every setting.
+      metrics: summary metrics (default: those of :data:`SUMMARY_METRICS` the runs have); an
+        unknown name is a :class:`ConfigError` (:func:`check_metrics`).
       at_rounds: add ``accuracy@R`` for each R.
       targets: add ``rounds_to:A`` for each accuracy A.
       time_targets: add ``time_to:A`` (simulated seconds to accuracy A; runs with a system
@@ -255,21 +379,33 @@ def compare(
         says ``"percent"`` where applied. ``targets`` stay fractions.
       out: folder for comparison.json/csv/md/png (nothing written when ``None``).
 
+    Diverged runs (``diverged: true`` in their summary) have no result: they are left out of
+    every mean, interval and paired difference, and each row counts them (``diverged``). A
+    run without a finite value of a metric (never reaching a target, a metric it lacks) is
+    left out of that metric: ``seeds`` counts the runs with a value, ``runs`` all of them.
+
     Returns:
       the rows of ``comparison.json``.
     """
-    runs = runs if runs is not None else load_runs(dirs or [])
+    if runs is None:
+        runs = load_runs(dirs or [])
+        if baseline is None:
+            baseline = sweep_baseline(dirs or [])
     if metrics is None:
         metrics = [m for m in SUMMARY_METRICS if any(metric_value(r, m) is not None for r in runs)]
     metrics = list(metrics) + [f"accuracy@{r}" for r in at_rounds]
     metrics += [f"rounds_to:{a:g}" for a in targets]
     metrics += [f"time_to:{a:g}" for a in time_targets]
+    check_metrics(metrics, runs)
     rows: list[dict[str, Any]] = []
     settings = sorted({r.setting for r in runs})
+    baselines = {
+        s: baseline or sorted({r.label for r in runs if r.setting == s})[0] for s in settings
+    }
     for setting in settings:
         group = [r for r in runs if r.setting == setting]
         labels = sorted({r.label for r in group})
-        base = baseline or labels[0]
+        base = baselines[setting]
         if base not in labels:
             raise ConfigError(
                 f"baseline {base!r} not found{f' in setting {setting!r}' if setting else ''}; "
@@ -287,22 +423,27 @@ def compare(
             better = higher_is_better(metric)
             scale = 100.0 if percent and is_accuracy(metric) else None
             by_label_values = {
-                label: {s: _scaled(metric_value(r, metric), scale) for s, r in runs.items()}
-                for label, runs in by_label.items()
+                label: {
+                    s: None if r.diverged else _scaled(metric_value(r, metric), scale)
+                    for s, r in seeds.items()
+                }
+                for label, seeds in by_label.items()
             }
             base_values = by_label_values[base]
             for label in [base] + [x for x in labels if x != base]:
                 values = by_label_values[label]
                 have = {s: v for s, v in values.items() if v is not None}
-                if not have:
-                    continue
-                mean, lo, hi = mean_ci(list(have.values()))
+                diverged = sum(r.diverged for r in by_label[label].values())
+                if not have and not diverged:
+                    continue  # the metric does not apply to these runs
+                mean, lo, hi = mean_ci(list(have.values())) if have else (None, None, None)
                 row: dict[str, Any] = {
                     "strategy": label,
                     "setting": setting,
                     "metric": metric,
                     "seeds": len(have),
                     "runs": len(values),
+                    "diverged": diverged,
                     "mean": mean,
                     "ci_low": lo,
                     "ci_high": hi,
@@ -338,15 +479,7 @@ def compare(
                         row.update(none, pairs=0)
                 rows.append(row)
     if out is not None:
-        write_comparison(
-            rows,
-            runs,
-            Path(out),
-            baseline_by_setting={
-                s: baseline or sorted({r.label for r in runs if r.setting == s})[0]
-                for s in settings
-            },
-        )
+        write_comparison(rows, runs, Path(out), baseline_by_setting=baselines)
     if echo is not None:
         echo(markdown(rows))
     return rows
@@ -357,7 +490,9 @@ def _fmt(v: float | None, digits: int = 4) -> str:
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    """The comparison as Markdown tables, one per setting and metric."""
+    """The comparison as Markdown tables, one per setting and metric. ``seeds`` reads ``k of
+    n`` when only k of the n runs have a value; a ``diverged`` column counts the diverged runs
+    (left out of every number) in a table that has any."""
     out = []
     keys = list(dict.fromkeys((r["setting"], r["metric"]) for r in rows))
     for setting, metric in keys:
@@ -365,14 +500,18 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         title = f"### {metric}" + (f" ({setting})" if setting else "")
         arrow = "higher is better" if part[0]["higher_is_better"] else "lower is better"
         unit = " (in %, differences in percentage points)" if part[0].get("unit") else ""
+        diverged = any(r.get("diverged") for r in part)
         out += [
             title,
             "",
             f"mean over seeds with 95% CI{unit}; paired difference against "
-            f"{part[0]['baseline']} with its 95% CI (t; bootstrap in brackets); {arrow}",
+            f"{part[0]['baseline']} with its 95% CI (t; bootstrap in brackets); {arrow}"
+            + ("; diverged runs are left out" if diverged else ""),
             "",
-            "| strategy | seeds | mean [95% CI] | diff [95% CI] | bootstrap CI | p | win rate |",
-            "|---|---:|---|---|---|---:|---:|",
+            "| strategy | seeds |"
+            + (" diverged |" if diverged else "")
+            + " mean [95% CI] | diff [95% CI] | bootstrap CI | p | win rate |",
+            "|---|---:|" + ("---:|" if diverged else "") + "---|---|---|---:|---:|",
         ]
         for r in part:
             n = 2 if r.get("unit") else 4  # digits: percent to 0.01, fractions to 0.0001
@@ -392,10 +531,12 @@ def markdown(rows: list[dict[str, Any]]) -> str:
                 )
                 p = _fmt(r["p_value"], 3)
                 win = f"{r['win_rate']:.2f}"
-            out.append(
-                f"| {r['strategy']} | {r['seeds']} | {r['mean']:.{n}f} {ci} | {diff} | {boot} | "
-                f"{p} | {win} |"
-            )
+            runs = r.get("runs", r["seeds"])
+            seeds = f"{r['seeds']}" + (f" of {runs}" if runs != r["seeds"] else "")
+            if diverged:
+                seeds += f" | {r.get('diverged') or 0}"
+            mean = "-" if r["mean"] is None else f"{r['mean']:.{n}f} {ci}"
+            out.append(f"| {r['strategy']} | {seeds} | {mean} | {diff} | {boot} | {p} | {win} |")
         out.append("")
     return "\n".join(out)
 
@@ -496,12 +637,8 @@ def write_comparison(
 ) -> None:
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "comparison.json", rows)
-    with (out / "comparison.csv").open("w", newline="") as f:
-        if rows:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
-    (out / "comparison.md").write_text(markdown(rows) + "\n")
+    write_atomic(out / "comparison.csv", csv_text(rows, list(rows[0]) if rows else []))
+    write_atomic(out / "comparison.md", markdown(rows) + "\n")
     for setting in sorted({r.setting for r in runs}):
         group = [r for r in runs if r.setting == setting]
         classification = any(e.get("test_accuracy") is not None for r in group for e in r.records)

@@ -22,7 +22,6 @@ differences of stable accuracy against the baseline, Holm-significant cells star
 
 from __future__ import annotations
 
-import csv
 import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -31,7 +30,14 @@ from typing import Any
 import numpy as np
 
 from fedjax_sel.experiment.compare import holm, mean_ci, paired_stats
-from fedjax_sel.experiment.outputs import read_json, subplots, write_json
+from fedjax_sel.experiment.outputs import (
+    csv_text,
+    read_json,
+    save_figure,
+    subplots,
+    write_atomic,
+    write_json,
+)
 from fedjax_sel.experiment.suite import (
     CELL_METRICS,
     INVOCATIONS,
@@ -521,8 +527,7 @@ def plot_heatmap(doc: Mapping[str, Any], metric: str, path: Path) -> Path | None
     )
     fig.colorbar(image, ax=ax, shrink=0.8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return path
+    return save_figure(fig, path, dpi=110)
 
 
 def plot_ranking(doc: Mapping[str, Any], path: Path) -> Path | None:
@@ -539,8 +544,7 @@ def plot_ranking(doc: Mapping[str, Any], path: Path) -> Path | None:
     ax.set_xlabel("mean rank over tasks and scenarios (1 = best), 95% bootstrap CI over seeds")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return path
+    return save_figure(fig, path, dpi=110)
 
 
 def invocations(out: str | Path) -> list[dict[str, Any]]:
@@ -562,11 +566,8 @@ def write(
     doc["runs"] = invocations(out)
     write_json(out / "leaderboard.json", doc)
     write_json(out / "ranking.json", doc["ranking"])
-    with (out / "leaderboard.csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(ROW_KEYS))
-        writer.writeheader()
-        writer.writerows(doc["rows"])
-    (out / "leaderboard.md").write_text(markdown(doc) + "\n")
+    write_atomic(out / "leaderboard.csv", csv_text(doc["rows"], list(ROW_KEYS)))
+    write_atomic(out / "leaderboard.md", markdown(doc) + "\n")
     plot_heatmap(doc, "stable_accuracy", out / "heatmap.png")
     for metric in sorted(set(doc["headline"].values()) - {"stable_accuracy"}):
         plot_heatmap(doc, metric, out / f"heatmap_{metric}.png")

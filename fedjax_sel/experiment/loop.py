@@ -6,7 +6,9 @@ An :class:`Engine` advances its members (seeds) in lockstep; :func:`drive` write
 member's folder (:mod:`.outputs`): ``config.json``, ``metrics.jsonl`` flushed per evaluation,
 ``summary.json`` and ``curves.png`` at the end, and every ``checkpoint_every`` chunks a
 checkpoint of the member's state (:mod:`.checkpoint`) from which :func:`restore_member`
-continues bit for bit.
+continues bit for bit; wall-clock timings go to ``timings.json`` only, so that
+``metrics.jsonl`` and ``summary.json`` are the same bytes whenever the same configuration
+runs again (on one machine, in the same batch of seeds).
 """
 
 from __future__ import annotations
@@ -33,11 +35,14 @@ from fedjax_sel.experiment.outputs import (
     CURVES,
     METRICS,
     SUMMARY,
-    dumps,
+    TIMINGS,
+    append_line,
     plot_curves,
     read_json,
     read_metrics,
+    read_timings,
     write_json,
+    write_jsonl,
 )
 from fedjax_sel.experiment.provenance import code_record, same_code
 from fedjax_sel.round_log import RoundLog
@@ -107,7 +112,11 @@ def chunk_fields(logs: RoundLog, index: int | None = None, timed: bool = False) 
 @dataclasses.dataclass
 class RunResult:
     """A finished run: its configuration, evaluation records and summary (``state`` and
-    ``simulation`` when it ran in this process, ``None`` when read from a finished folder)."""
+    ``simulation`` when it ran in this process, ``None`` when read from a finished folder),
+    and its wall-clock ``timings`` (what ``timings.json`` holds: ``wall_seconds``,
+    ``train_seconds``, ``rounds_per_second``, ``client_updates_per_second``,
+    ``first_chunk_seconds``, ``peak_host_memory_bytes`` and, under ``evaluations``, each
+    evaluation's ``round`` and phase ``seconds``)."""
 
     config: RunConfig
     evals: list[dict[str, Any]]
@@ -116,6 +125,7 @@ class RunResult:
     simulation: Any = None
     out_dir: Path | None = None
     extras: dict[str, Any] = dataclasses.field(default_factory=dict)
+    timings: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -127,6 +137,8 @@ class Member:
     client_updates: int = 0
     train_seconds: float = 0.0
     chunks: list[list[float]] = dataclasses.field(default_factory=list)
+    # per evaluation {"round", "seconds": phase -> wall seconds}: timings.json, not the records
+    phase_seconds: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     diverged: dict[str, Any] | None = None
     start: float = dataclasses.field(default_factory=time.perf_counter)
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -147,6 +159,7 @@ class Member:
             "client_updates": self.client_updates,
             "train_seconds": self.train_seconds,
             "chunks": self.chunks,
+            "phase_seconds": self.phase_seconds,
         }
 
 
@@ -156,7 +169,13 @@ def finished_result(config: RunConfig, out: Path) -> RunResult | None:
     (:func:`~fedjax_sel.experiment.provenance.same_code`), else ``None``."""
     if finished_by_other_code(config, out) is not False:
         return None
-    return RunResult(config, read_metrics(out / METRICS), read_json(out / SUMMARY), out_dir=out)
+    return RunResult(
+        config,
+        read_metrics(out / METRICS),
+        read_json(out / SUMMARY),
+        out_dir=out,
+        timings=read_timings(out),
+    )
 
 
 def finished_by_other_code(config: RunConfig, out: Path) -> bool | None:
@@ -225,16 +244,54 @@ def restore_member(member: Member, template: Any, echo: Callable) -> Any | None:
     member.client_updates = header["client_updates"]
     member.train_seconds = header["train_seconds"]
     member.chunks = header["chunks"]
-    if member.writes:
-        (member.out / METRICS).write_text("".join(dumps(r) + "\n" for r in member.records))
+    member.phase_seconds = header.get("phase_seconds", [])[: len(member.records)]
+    if member.writes:  # the lines after the checkpoint's records (maybe cut short) go
+        write_jsonl(member.out / METRICS, member.records)
     echo(f"resuming {member.out} at round {member.done}")
     return state
 
 
+# summary fields that describe the model at the end of the run: null when the run diverged (the
+# model is then non-finite, and its accuracy, about chance, would read as a result)
+AFTER_DIVERGENCE = (
+    "final_accuracy",
+    "stable_accuracy",
+    "stability_drop",
+    "final_test_loss",
+    "stable_test_loss",
+    "final_client_test_accuracy_mean",
+    "final_client_test_loss_mean",
+    "final_client_test_accuracy_std",
+    "target_accuracy",
+    "worst_target_accuracy",
+    "target_test_loss",
+)
+# per-client means and spread of the last evaluation, in the summary as final_<key>
+FINAL_CLIENT_KEYS = (
+    "client_test_accuracy_mean",
+    "client_test_loss_mean",
+    "client_test_accuracy_std",
+)
+
+
+def nulled(scores: Any) -> Any:
+    """``scores`` with every value ``None`` and its shape kept (the evaluation of a diverged
+    model: nothing it measured describes the run)."""
+    if isinstance(scores, dict):
+        return {k: nulled(v) for k, v in scores.items()}
+    if isinstance(scores, (list, tuple)):
+        return [nulled(v) for v in scores]
+    return None
+
+
 def _summary(member: Member, engine: Engine, i: int) -> dict[str, Any]:
+    """The run's ``summary.json`` (no wall-clock field: :func:`_timings`).
+
+    A diverged run has ``diverged: true``, ``diverged_at_round`` and a ``message``, and the
+    fields of :data:`AFTER_DIVERGENCE` null (its last evaluation's test metrics are null in
+    the records too); ``peak_accuracy``, ``best_test_loss`` and the rounds (and simulated
+    seconds) to each target accuracy come from the evaluations before the divergence."""
     config, evals = member.config, member.records
-    steady = member.chunks[1:] or member.chunks
-    seconds = sum(c[2] for c in steady)
     summary: dict[str, Any] = {
         "strategy": config.strategy,
         "label": config.display_name,
@@ -261,27 +318,39 @@ def _summary(member: Member, engine: Engine, i: int) -> dict[str, Any]:
         **metrics_lib.loss_summary([e.get("test_loss") for e in evals]),
         **{
             f"final_{key}": evals[-1][key]
-            for key in (
-                "client_test_accuracy_mean",
-                "client_test_loss_mean",
-                "client_test_accuracy_std",
-            )
+            for key in FINAL_CLIENT_KEYS
             if evals and evals[-1].get(key) is not None
         },
         **engine.summary(i, evals),
         **targets_summary(evals, config.accuracy_targets),
+        "diverged": member.diverged is not None,
+    }
+    if member.diverged is not None:
+        after = {k for k in AFTER_DIVERGENCE if k in summary}
+        after |= {"final_test_loss", "stable_test_loss"}
+        if engine.task == "classification":
+            after |= {"final_accuracy", "stable_accuracy", "stability_drop"}
+        after |= {f"final_{k}" for k in FINAL_CLIENT_KEYS if any(k in e for e in evals)}
+        summary.update(dict.fromkeys(k for k in AFTER_DIVERGENCE if k in after))
+        summary["diverged_at_round"] = member.diverged["round"]
+        summary["message"] = member.diverged["message"]
+    return summary
+
+
+def _timings(member: Member) -> dict[str, Any]:
+    """The run's ``timings.json``: wall-clock totals (the speed after the first chunk, which
+    compiles), the process's peak memory, and each evaluation's phase seconds."""
+    steady = member.chunks[1:] or member.chunks
+    seconds = sum(c[2] for c in steady)
+    return {
         "wall_seconds": time.perf_counter() - member.start,
         "train_seconds": member.train_seconds,
         "rounds_per_second": sum(c[0] for c in steady) / seconds if seconds > 0 else None,
         "client_updates_per_second": sum(c[1] for c in steady) / seconds if seconds > 0 else None,
         "first_chunk_seconds": member.chunks[0][2] if member.chunks else None,
         "peak_host_memory_bytes": peak_host_memory_bytes(),
-        "diverged": member.diverged is not None,
+        "evaluations": member.phase_seconds,
     }
-    if member.diverged is not None:
-        summary["diverged_at_round"] = member.diverged["round"]
-        summary["message"] = member.diverged["message"]
-    return summary
 
 
 def peak_host_memory_bytes() -> int:
@@ -315,9 +384,11 @@ def targets_summary(evals: list[dict[str, Any]], targets) -> dict[str, Any]:
 
 def _finish(member: Member, engine: Engine, i: int, echo: Callable) -> RunResult:
     summary = _summary(member, engine, i)
+    timings = _timings(member)
     if member.diverged is not None:
         echo(member.diverged["message"])
     if member.writes:
+        write_json(member.out / TIMINGS, timings)  # first: a folder with a summary has both
         write_json(member.out / SUMMARY, summary)
         if member.records:
             curves = {member.config.display_name: member.records}
@@ -328,7 +399,13 @@ def _finish(member: Member, engine: Engine, i: int, echo: Callable) -> RunResult
                 )
         (member.out / CHECKPOINT).unlink(missing_ok=True)
     return RunResult(
-        member.config, member.records, summary, engine.member_state(i), None, member.out
+        member.config,
+        member.records,
+        summary,
+        engine.member_state(i),
+        None,
+        member.out,
+        timings=timings,
     )
 
 
@@ -347,7 +424,8 @@ def drive(
     evaluation, with a named scope per phase of the round, for Perfetto or TensorBoard.
     """
     config = members[0].config
-    files = [(m.out / METRICS).open("a") if m.writes else None for m in members]
+    # unbuffered: each record reaches the file in one write call of its whole line
+    files = [(m.out / METRICS).open("ab", buffering=0) if m.writes else None for m in members]
     results: list[RunResult | None] = [None] * len(members)
     chunk_index = 0
     tracing = False
@@ -381,13 +459,6 @@ def drive(
                 m.client_updates += f["_client_updates"]
                 m.train_seconds += share
                 m.chunks.append([n, f["_client_updates"], share])
-                record = {"round": m.done, **scores[i]}
-                record.update({k: v for k, v in f.items() if not k.startswith("_")})
-                record["seconds"] = phases
-                m.records.append(record)
-                if files[i] is not None:
-                    files[i].write(dumps(record) + "\n")
-                    files[i].flush()
                 loss = scores[i].get("test_loss")
                 if f["_bad_round"] is not None or loss is None or not math.isfinite(loss):
                     first = f["_bad_round"] if f["_bad_round"] is not None else m.done - 1
@@ -396,10 +467,18 @@ def drive(
                         "message": (
                             f"run {m.config.display_name} (seed {m.config.seed}) diverged at "
                             f"round {first}: non-finite training loss or parameters "
-                            f"(lr={m.config.lr}, server_lr={m.config.server_lr}); stopped, "
-                            f"metrics up to round {m.done} are kept"
+                            f"(lr={m.config.lr}, server_lr={m.config.server_lr}); stopped, the "
+                            f"evaluations before it kept, round {m.done}'s test metrics null"
                         ),
                     }
+                # a diverged model's evaluation is no result: its test metrics are null
+                score = nulled(scores[i]) if m.diverged is not None else scores[i]
+                record = {"round": m.done, **score}
+                record.update({k: v for k, v in f.items() if not k.startswith("_")})
+                m.records.append(record)
+                m.phase_seconds.append({"round": m.done, "seconds": phases})
+                if files[i] is not None:
+                    append_line(files[i], record)
                 if not m.running:
                     if files[i] is not None:
                         files[i].close()

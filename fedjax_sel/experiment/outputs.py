@@ -1,18 +1,27 @@
 """What a run writes, and how it is read back (README, "Running one simulation").
 
 A run folder holds ``config.json`` (the configuration, the data set's description and the
-resolved settings), ``metrics.jsonl`` (one JSON object per evaluation, flushed as it goes),
-``summary.json`` (written when the run ends, normally or by divergence), ``curves.png`` and,
-while the run is under way, ``checkpoint.npz`` (see :mod:`.checkpoint`).
+resolved settings), ``metrics.jsonl`` (one JSON object per evaluation, each line written whole
+by one write call as it comes), ``summary.json`` (written when the run ends, normally or by
+divergence), ``timings.json`` (wall-clock seconds and memory: per evaluation the seconds of
+each phase, and the run's totals), ``curves.png`` and, while the run is under way,
+``checkpoint.npz`` (see :mod:`.checkpoint`).
+
+What measures this process (wall-clock time, memory) is kept out of ``metrics.jsonl`` and
+``summary.json``, so that one configuration run twice on one machine gives byte-identical
+files; only ``timings.json`` differs.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -25,9 +34,11 @@ CONFIG, METRICS, SUMMARY, CURVES, CHECKPOINT = (
     "curves.png",
     "checkpoint.npz",
 )
+TIMINGS = "timings.json"
 
 # Keys whose values measure this process (wall-clock timings, memory): they differ between two
-# otherwise identical runs.
+# otherwise identical runs, and are written to timings.json (older folders hold them in
+# summary.json and, "seconds", in each metrics.jsonl record).
 TIMING_KEYS = frozenset(
     {
         "seconds",
@@ -69,13 +80,42 @@ def dumps(obj: Any, **kw: Any) -> str:
     return json.dumps(clean(obj), default=json_default, **kw)
 
 
-def write_json(path: str | Path, obj: Any) -> Path:
-    """Writes ``obj`` as standard JSON atomically (a temporary file renamed over ``path``)."""
+def write_atomic(path: str | Path, data: str | bytes) -> Path:
+    """Writes ``data`` to ``path`` atomically: a temporary file beside it, flushed to disk,
+    then renamed over ``path`` (``os.replace``), so a reader sees the old file or the new one,
+    never a part (the folder's lock, :mod:`.outdir`, keeps two writers apart)."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(dumps(obj, indent=2) + "\n")
-    tmp.replace(path)
+    with open(tmp, "wb") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
     return path
+
+
+def save_figure(fig: Any, path: str | Path, **kwargs: Any) -> Path:
+    """``fig.savefig`` to ``path`` through :func:`write_atomic` (format from the suffix)."""
+    path = Path(path)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format=path.suffix.lstrip(".") or "png", **kwargs)
+    return write_atomic(path, buffer.getvalue())
+
+
+def csv_text(rows: Sequence[Mapping[str, Any]], fields: Sequence[str]) -> str:
+    """``rows`` as CSV text with a header of ``fields`` (empty without fields)."""
+    if not fields:
+        return ""
+    buffer = io.StringIO(newline="")
+    writer = csv.DictWriter(buffer, fieldnames=list(fields))
+    writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()
+
+
+def write_json(path: str | Path, obj: Any) -> Path:
+    """Writes ``obj`` as standard JSON atomically (:func:`write_atomic`)."""
+    return write_atomic(path, dumps(obj, indent=2) + "\n")
 
 
 def read_json(path: str | Path) -> Any:
@@ -88,21 +128,74 @@ def read_json(path: str | Path) -> Any:
         raise ConfigError(f"{str(path)!r} is not valid JSON: {e}") from None
 
 
+def append_line(file: BinaryIO, obj: Any) -> None:
+    """Appends ``obj`` as one JSON line to ``file`` (opened unbuffered, ``"ab", buffering=0``)
+    by one write call of the whole line: a crash leaves a line whole or absent, never half
+    written by this process's buffering (only a kill inside the call itself can cut it, which
+    a resume's checkpoint record count covers)."""
+    data = (dumps(obj) + "\n").encode()
+    written = file.write(data)
+    while written is not None and written < len(data):  # a short write (signal, full disk)
+        written += file.write(data[written:])
+
+
+def write_jsonl(path: str | Path, records: Sequence[Any]) -> Path:
+    """Writes ``records`` as JSON lines atomically (:func:`write_atomic`)."""
+    return write_atomic(path, "".join(dumps(r) + "\n" for r in records))
+
+
 def read_metrics(path: str | Path, limit: int | None = None) -> list[dict[str, Any]]:
-    """The records of a ``metrics.jsonl`` (the first ``limit`` when given). A last line cut
-    short by a crash is ignored."""
-    records = []
+    """The records of a ``metrics.jsonl`` (``[]`` when there is none).
+
+    A line that is not a JSON object with a ``round`` raises :class:`ConfigError` naming the
+    file and the line (1-based), rather than returning the records before it: a curve cut
+    there would be reported as the run's. ``limit``: read the first ``limit`` records only
+    and ignore the lines after them (a resume, whose checkpoint says how many records are
+    valid: lines past them may be left over, or cut short, by the crash)."""
+    records: list[dict[str, Any]] = []
     path = Path(path)
     if not path.exists():
         return records
-    for line in path.read_text().splitlines():
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{str(path)!r} is not a text file of JSON lines: {e}") from None
+    for number, line in enumerate(text.splitlines(), start=1):
         if limit is not None and len(records) >= limit:
             break
         try:
-            records.append(json.loads(line))
-        except ValueError:
-            break
+            record = json.loads(line)
+        except ValueError as e:
+            raise ConfigError(
+                f"{str(path)!r} line {number} is not valid JSON ({e}); the file is corrupt"
+            ) from None
+        if not isinstance(record, dict) or not isinstance(record.get("round"), int):
+            raise ConfigError(
+                f"{str(path)!r} line {number} is not an evaluation record (a JSON object with "
+                f"an integer round): {line[:80]!r}"
+            )
+        records.append(record)
     return records
+
+
+def read_timings(folder: str | Path) -> dict[str, Any]:
+    """A finished run folder's wall-clock timings (:data:`TIMINGS`: the totals and, under
+    ``evaluations``, each evaluation's ``round`` and phase ``seconds``). A folder written
+    before ``timings.json`` existed gives the timing fields of its ``summary.json`` and
+    records; ``{}`` when it has neither."""
+    folder = Path(folder)
+    if (folder / TIMINGS).exists():
+        return read_json(folder / TIMINGS)
+    summary = read_json(folder / SUMMARY) if (folder / SUMMARY).exists() else {}
+    timings = {k: v for k, v in summary.items() if k in TIMING_KEYS}
+    evaluations = [
+        {"round": r["round"], "seconds": r["seconds"]}
+        for r in read_metrics(folder / METRICS)
+        if "seconds" in r
+    ]
+    if evaluations:
+        timings["evaluations"] = evaluations
+    return timings
 
 
 def strip_timings(obj: Any) -> Any:
@@ -171,12 +264,12 @@ def plot_curves(
     fig.subplots_adjust(
         left=0.065, right=0.99, bottom=0.12, top=0.88 if title else 0.96, wspace=0.2
     )
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    return path
+    return save_figure(fig, path, dpi=110)
 
 
 def print_summary_table(summaries: list[dict]) -> None:
+    """One line per run: its summary's accuracies and fairness, and the speed columns where
+    a dict holds them (pass ``{**result.summary, **result.timings}`` to show them)."""
     cols = [
         ("strategy", "label", "{}"),
         ("seed", "seed", "{}"),

@@ -35,7 +35,7 @@ from fedjax_sel.config import RunConfig
 from fedjax_sel.data.datasets import FederatedDataset
 from fedjax_sel.experiment import build as build_lib
 from fedjax_sel.experiment import loop as run_lib
-from fedjax_sel.experiment.outputs import CHECKPOINT, METRICS, dumps
+from fedjax_sel.experiment.outputs import CHECKPOINT, METRICS, append_line
 from fedjax_sel.metrics import nanmean
 from fedjax_sel.models import Model
 from fedjax_sel.personalized.methods import PERSONALIZED_METHODS, build_program, epoch_steps
@@ -138,7 +138,8 @@ def personalized_summary(records: list[dict[str, Any]], clusters, targets) -> di
         k: np.stack([np.asarray(r["per_target"][k], np.float64) for r in records])
         for k in records[-1]["per_target"]
     }
-    weights = np.asarray(records[-1]["weights"]) if "weights" in records[-1] else None
+    # float64: a diverged run's last weights are null (NaN here, null again in summary.json)
+    weights = np.asarray(records[-1]["weights"], np.float64) if "weights" in records[-1] else None
     rounds = np.asarray([r["round"] for r in records])
     return summarize(rounds, per_target, weights, clusters, targets)
 
@@ -193,11 +194,13 @@ def run_personalized(
     engine = PersonalizedEngine(program, fresh if restored is None else restored, config, dataset)
     run_lib.write_config(member, dataset, engine.describe())
     if restored is None:  # the initial model, evaluated (round 0)
+        t0 = time.perf_counter()
         record = {"round": 0, **engine.evaluate()[0]}
         member.records.append(record)
+        member.phase_seconds.append({"round": 0, "seconds": {"eval": time.perf_counter() - t0}})
         if member.out is not None:
-            with (member.out / METRICS).open("a") as f:
-                f.write(dumps(record) + "\n")
+            with (member.out / METRICS).open("ab", buffering=0) as f:
+                append_line(f, record)
     (result,) = run_lib.drive(engine, [member], bar=bar, echo=echo)
     result.extras = {"epoch_logs": engine.logs, "program": program}
     return [result]

@@ -71,7 +71,7 @@ from fedjax_sel.base import ConfigError
 from fedjax_sel.config import RunConfig
 from fedjax_sel.experiment import Cell, load_data_for, plot_curves, run_cells, write_json
 from fedjax_sel.experiment.compare import Run, mean_ci, mean_curves
-from fedjax_sel.experiment.outputs import subplots
+from fedjax_sel.experiment.outputs import subplots, write_atomic
 from fedjax_sel.experiment.sweep import _slug
 from fedjax_sel.reproduce import output_dir, register_reproduction, select_parts
 from fedjax_sel.reproduce.common import (
@@ -80,6 +80,7 @@ from fedjax_sel.reproduce.common import (
     Study,
     check_profile_size,
     markdown_table,
+    register_derive,
     subsampled_npz,
     verdict_table,
 )
@@ -537,7 +538,7 @@ def tune_lrs(
             stats.setdefault(f"{dataset}.{strategy}", {})[f"{lr[0]:g}/{lr[1]:g}"] = (
                 study.per_seed_means(
                     f"tuning {dataset}", label, kept,
-                    derive="fedjax_sel.reproduce.ca_fed:tuning_score",
+                    derive="ca_fed.tuning_score",
                     arm=f"tuning/{dataset}/{_slug(label)}",
                 )
             )  # fmt: skip
@@ -548,6 +549,7 @@ def tune_lrs(
     return out | ({"score_stats": stats} if study is not None else {})
 
 
+@register_derive("ca_fed.tuning_score")
 def tuning_score(means: dict[str, Any]) -> dict[str, Any]:
     """A grid point's score from the means over its tuning seeds: the mean tail accuracy, or
     ``None`` (-inf in the search) when a seed diverged."""
@@ -661,6 +663,7 @@ def seed_diagnostics(run: Run) -> dict[str, Any]:
     return out
 
 
+@register_derive("ca_fed.class_shares")
 def class_shares(means: dict[str, Any]) -> dict[str, Any]:
     """Per class, the kept and the trained share: the mean kept (trained) clients of the
     group over the mean group size (``None`` for an empty class)."""
@@ -684,13 +687,14 @@ def mechanism_row(study: Study, setting: str, label: str) -> dict[str, Any]:
     runs = study.runs(setting, label)
     row = study.per_seed_means(
         setting, label, {r.seed: seed_diagnostics(r) for r in runs},
-        derive="fedjax_sel.reproduce.ca_fed:class_shares",
+        derive="ca_fed.class_shares",
     )  # fmt: skip
     for key in MECHANISM_NUMBERS:
         row.setdefault(key, None)
     return row
 
 
+@register_derive("ca_fed.class_weights")
 def class_weights(means: dict[str, Any], classes: list[int]) -> dict[str, Any]:
     """Fig. 1d: the mean over the clients of each class of ``(1/T) sum_t q_k`` (the engine's
     ``weight_sums``; ``means["weight_share"]``, averaged over seeds); ``None`` for an empty
@@ -713,7 +717,7 @@ def fig1d_weights(study: Study, setting: str, label: str, classes: np.ndarray) -
         for r in study.runs(setting, label)
     }  # fmt: skip
     return study.per_seed_means(
-        setting, label, by_seed, derive="fedjax_sel.reproduce.ca_fed:class_weights",
+        setting, label, by_seed, derive="ca_fed.class_weights",
         derive_args={"classes": [int(x) for x in classes]},
     )  # fmt: skip
 
@@ -1273,7 +1277,7 @@ def run(
     if rows:
         rep.section("Verdicts (paired differences, 95% CI)", verdict_table(rows))
     rep.results["verdicts"] = rows
-    (out / "tables.md").write_text("\n".join(rep.md) + "\n")
+    write_atomic(out / "tables.md", "\n".join(rep.md) + "\n")
     write_json(out / "results.json", rep.results)
     print(f"\nwritten: {out}/results.json, tables.md, verdicts.json, plots")
     return rep.results

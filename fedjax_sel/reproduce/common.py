@@ -309,6 +309,38 @@ def per_seed_stat(
     return {"from_per_seed": source, **summary_stat(xs - bs)}
 
 
+DERIVES: dict[str, Callable[..., dict[str, Any]]] = {}
+"""The functions a ``results.json`` may name as a ``derive`` (see :func:`per_seed_means`), by
+registered name. A results file names one of these, never an import path: reading a results
+folder copied in from elsewhere runs no code it names."""
+
+
+def register_derive(name: str) -> Callable[[Callable], Callable]:
+    """Decorator registering ``function(means, **args) -> dict`` in :data:`DERIVES` as
+    ``name``; another function under a taken name is an error."""
+
+    def wrap(function: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+        old = DERIVES.get(name)
+        if old is not None and old.__qualname__ != function.__qualname__:
+            raise ConfigError(f"derive {name!r} is already registered by {old.__qualname__}")
+        DERIVES[name] = function
+        return function
+
+    return wrap
+
+
+def derive_function(name: str) -> Callable[..., dict[str, Any]]:
+    """The registered derive ``name``; a :class:`ConfigError` names an unknown one and the
+    known names. The reproduction modules (which register theirs) are loaded first."""
+    from fedjax_sel.reproduce import REPRODUCTIONS
+
+    if not isinstance(name, str) or name not in DERIVES:
+        len(REPRODUCTIONS)  # imports the package's own reproduction modules, nothing named by data
+    if not isinstance(name, str) or name not in DERIVES:
+        raise ConfigError(f"unknown derive {name!r}; known: {', '.join(sorted(DERIVES))}")
+    return DERIVES[name]
+
+
 def per_seed_means(
     cells: dict[str, dict[str, Any]],
     arm: str,
@@ -319,10 +351,11 @@ def per_seed_means(
 ) -> dict[str, Any]:
     """The mean over seeds of each per-seed value ``prefix + key`` of cell ``arm`` (a number,
     or an array averaged element-wise; seeds without it left out): a run's diagnostics read
-    from its curves, each seed's reduced to one value in ``per_seed.json``. ``derive``:
-    ``"module:function"``, called as ``function(means, **derive_args)`` (a ratio of two means,
-    per-class means of a per-client one), whose fields are added. The result names its source
-    under ``from_per_seed``, as :func:`per_seed_stat`'s does."""
+    from its curves, each seed's reduced to one value in ``per_seed.json``. ``derive``: the
+    name of a function registered in :data:`DERIVES` (:func:`register_derive`), called as
+    ``function(means, **derive_args)`` (a ratio of two means, per-class means of a per-client
+    one), whose fields are added; an unknown name is a :class:`ConfigError`. The result names
+    its source under ``from_per_seed``, as :func:`per_seed_stat`'s does."""
     seeds = cells.get(arm, {}).get("seeds", {})
     source = {"arm": arm, "prefix": prefix, "keys": list(keys)}
     means: dict[str, Any] = {}
@@ -333,11 +366,9 @@ def per_seed_means(
             means[key] = float(mean) if mean.ndim == 0 else mean.tolist()
     if derive is None:
         return {"from_per_seed": source, **means}
-    import importlib
-
-    module, _, name = derive.partition(":")
+    function = derive_function(derive)
     args = dict(derive_args or {})
-    extra = getattr(importlib.import_module(module), name)(means, **args)
+    extra = function(means, **args)
     source = {**source, "derive": derive, "derive_args": args}
     return {"from_per_seed": source, **means, **extra}
 
@@ -519,11 +550,14 @@ class Study:
                 )
         if not todo:
             return
+        # a study owns its folder and is its own record of what it ran: a cell whose setting
+        # changed is recomputed in place (and said so), as the study's code now defines it
         results = run_cells(
             [c for _, c in todo],
             seeds_together=self.execution.seeds_together,
             progress=self.progress,
             echo=self.echo,
+            overwrite=True,
         )
         if only is not None:
             raise SeedsRunOnly(len(todo), sorted(only), self.out)

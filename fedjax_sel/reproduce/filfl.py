@@ -53,7 +53,7 @@ from fedjax_sel.base import ConfigError
 from fedjax_sel.config import RunConfig
 from fedjax_sel.data import loaders
 from fedjax_sel.experiment.compare import Run, mean_ci, mean_curves
-from fedjax_sel.experiment.outputs import plot_curves, subplots, write_json
+from fedjax_sel.experiment.outputs import plot_curves, subplots, write_atomic, write_json
 from fedjax_sel.reproduce import output_dir, register_reproduction
 from fedjax_sel.reproduce.common import (
     Claim,
@@ -832,7 +832,7 @@ def run(
         md.extend(f"- {k}: {v}" for k, v in absent.items())
     results["verdicts"] = rows
     results["labels"] = labels
-    (out / "tables.md").write_text("\n".join(md) + "\n")
+    write_atomic(out / "tables.md", "\n".join(md) + "\n")
     write_json(out / "results.json", results)
     print(f"\nwritten: {out}/results.json, tables.md, verdicts.json, plots")
     return results

@@ -39,7 +39,7 @@ from fedjax_sel.base import ConfigError
 from fedjax_sel.config import RunConfig
 from fedjax_sel.data import loaders
 from fedjax_sel.experiment.compare import mean_curves
-from fedjax_sel.experiment.outputs import new_figure, plot_curves, write_json
+from fedjax_sel.experiment.outputs import new_figure, plot_curves, write_atomic, write_json
 from fedjax_sel.kernels.oort import PRESET_OVERCOMMIT
 from fedjax_sel.reproduce import output_dir, register_reproduction
 from fedjax_sel.reproduce.common import (
@@ -604,7 +604,7 @@ def run(
         ]
     verdict_rows = verdicts_and_absent(study, found, section, md, results["absent"])
     results["verdicts"] = verdict_rows
-    (out / "tables.md").write_text("\n".join(md) + "\n")
+    write_atomic(out / "tables.md", "\n".join(md) + "\n")
     write_json(out / "results.json", results)
     print(f"\nwritten: {out}/results.json, tables.md, verdicts.json, plots")
     return results

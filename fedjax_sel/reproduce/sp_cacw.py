@@ -47,7 +47,7 @@ from fedjax_sel.base import ConfigError
 from fedjax_sel.config import RunConfig
 from fedjax_sel.data import loaders
 from fedjax_sel.experiment.compare import mean_ci, mean_curves
-from fedjax_sel.experiment.outputs import CONFIG, plot_curves, read_json, write_json
+from fedjax_sel.experiment.outputs import CONFIG, plot_curves, read_json, write_atomic, write_json
 from fedjax_sel.personalized.results import result_from_records
 from fedjax_sel.reproduce import output_dir, register_reproduction
 from fedjax_sel.reproduce import sp_cacw_plots as plots
@@ -557,7 +557,7 @@ def run(
         md.extend(["", "## Not run here", ""])
         md.extend(f"- {k}: {v}" for k, v in results["absent"].items())
     results["verdicts"] = verdict_rows
-    (out / "tables.md").write_text("\n".join(md) + "\n")
+    write_atomic(out / "tables.md", "\n".join(md) + "\n")
     write_json(out / "results.json", results)
     print(f"\nwritten: {out}/results.json, tables.md, verdicts.json, plots")
     return results
