@@ -65,11 +65,15 @@ def cmd_run(a: argparse.Namespace) -> int:
         resume=a.resume is not None,
         echo=_echo if primary else _quiet,
         trace_dir=a.trace,
+        overwrite=a.overwrite,
     )
     if not primary:  # process 0 reports and writes
         return 1 if result.summary.get("diverged") else 0
-    print_summary_table([result.summary])
-    print(f"outputs written to {out}/ (config.json, metrics.jsonl, summary.json, curves.png)")
+    print_summary_table([{**result.summary, **result.timings}])
+    print(
+        f"outputs written to {out}/ (config.json, metrics.jsonl, summary.json, timings.json, "
+        "curves.png)"
+    )
     return 1 if result.summary.get("diverged") else 0
 
 
@@ -113,30 +117,40 @@ def _seed_list(value: str | None) -> list[int] | None:
     """``--only-seeds``: ``A-B`` (both included) or ``A,B,...``; ``None`` when not given."""
     if value is None:
         return None
+    from fedjax_sel.input_checks import MAX_SEEDS, SEED_MAX
+
     try:
-        seeds = []
+        seeds: set[int] = set()
         for part in value.split(","):
             lo, sep, hi = part.partition("-")
-            seeds += list(range(int(lo), int(hi) + 1)) if sep else [int(lo)]
+            first, last = int(lo), int(hi if sep else lo)
+            if not 0 <= first <= SEED_MAX or not 0 <= last <= SEED_MAX:
+                raise ValueError
+            if last - first + 1 + len(seeds) > MAX_SEEDS:  # before the list is built
+                raise ValueError
+            seeds.update(range(first, last + 1))
     except ValueError:
-        seeds = []
+        seeds = set()
     if not seeds:  # a minus sign never parses as a seed's: "-2" and "3-1" select nothing
-        raise ConfigError(f"--only-seeds must be seeds >= 0 as A-B or A,B,..., got {value!r}")
-    return sorted(set(seeds))
+        raise ConfigError(
+            f"--only-seeds must be seeds 0 .. {SEED_MAX} as A-B or A,B,... (at most "
+            f"{MAX_SEEDS}), got {value!r}"
+        )
+    return sorted(seeds)
 
 
 def _spec_with_overrides(a: argparse.Namespace, section: str) -> dict:
     """A sweep or suite file's mapping with ``--set`` (its ``[override]``) and ``--seeds``
     (in ``[section]``) applied."""
-    from fedjax_sel.config import read_config_file
+    from fedjax_sel.config import read_config_file, typed_settings
     from fedjax_sel.registry import parse_pairs
 
     spec = dict(read_config_file(a.file))
     if a.set:
         spec["override"] = {}
         for item in a.set:
-            spec["override"].update(parse_pairs(item, what="--set"))
-    if a.seeds is not None:
+            spec["override"].update(typed_settings(parse_pairs(item, what="--set"), what="--set"))
+    if a.seeds is not None and isinstance(spec.get(section, {}), dict):  # else its parser says
         spec[section] = {**spec.get(section, {}), "seeds": a.seeds}
     return spec
 
@@ -153,16 +167,40 @@ def cmd_sweep(a: argparse.Namespace) -> int:
         seeds_together=together,
         progress=not a.no_progress,
         compare_results=not a.no_compare,
+        overwrite=a.overwrite,
     )
     tuned = ", tuning.json, tuned/" if "tune" in spec.get("sweep", {}) else ""
     print(
         f"\nsweep written to {out}/ (runs/, comparison.json, comparison.md, comparison.png{tuned})"
     )
-    return 0
+    return _diverged_status(out, a.allow_diverged)
+
+
+# the exit status of a sweep some of whose cells diverged (1: a run's, 2: a bad input)
+EXIT_DIVERGED = 3
+
+
+def _diverged_status(out: Path, allowed: bool) -> int:
+    """A finished sweep's exit status: :data:`EXIT_DIVERGED`, with a message naming the
+    diverged cells, when some diverged and ``--allow-diverged`` was not given; else 0."""
+    from fedjax_sel.experiment.sweep import diverged_cells
+
+    names = diverged_cells(out)
+    if not names:
+        return 0
+    shown = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
+    print(
+        f"fedjax-sel: {len(names)} sweep cell(s) diverged: {shown}; the comparison leaves them "
+        "out and counts them (its diverged column)"
+        + ("" if allowed else "; exit status 3 (--allow-diverged: 0)"),
+        file=sys.stderr,
+    )
+    return 0 if allowed else EXIT_DIVERGED
 
 
 def cmd_suite(a: argparse.Namespace) -> int:
     from fedjax_sel.experiment import leaderboard
+    from fedjax_sel.experiment.outdir import owned
     from fedjax_sel.experiment.suite import parse_suite, run_suite
 
     spec = _spec_with_overrides(a, "suite")
@@ -178,12 +216,20 @@ def cmd_suite(a: argparse.Namespace) -> int:
             raise ConfigError(
                 f"--tasks names {unknown}, not tasks of {a.file} ({[t.name for t in suite.tasks]})"
             )
-    if a.report_only:
+    if a.report_only and not out.is_dir():
+        raise ConfigError(f"--report-only: {str(out)!r} is not a suite's output folder")
+    if not a.report_only:
+        together = _seeds_together(a.seeds_together)
+        run_suite(
+            suite,
+            out,
+            seeds_together=together,
+            progress=not a.no_progress,
+            only_tasks=tasks,
+            overwrite=a.overwrite,
+        )
+    with owned(out, _echo):  # the leaderboard's files have one writer too
         leaderboard.write(suite, out)
-        return 0
-    together = _seeds_together(a.seeds_together)
-    run_suite(suite, out, seeds_together=together, progress=not a.no_progress, only_tasks=tasks)
-    leaderboard.write(suite, out)
     return 0
 
 
@@ -270,6 +316,10 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
     if a.repeats < 1:  # the medians (and the scale rows' fused rounds) need one timing at least
         raise ConfigError(f"--repeats must be >= 1, got {a.repeats}")
+    _check_counts(
+        a, "max_examples", "per_round", "local_steps", "batch_size", "classes", "clients",
+        "seeds", "rounds", "repeats",
+    )  # fmt: skip
     if a.what == "throughput":
         from fedjax_sel.registry import convert
 
@@ -353,6 +403,18 @@ def cmd_bench(a: argparse.Namespace) -> int:
     return 0 if rows else 1
 
 
+def _check_counts(a: argparse.Namespace, *names: str) -> None:
+    """Refuses a count flag (one number, or a list of them) outside 1 .. 2**31 - 1."""
+    from fedjax_sel.config import INT_MAX
+
+    for name in names:
+        value = getattr(a, name, None)
+        for v in value if isinstance(value, list) else [value]:
+            if v is not None and not 1 <= v <= INT_MAX:
+                flag = "--" + name.replace("_", "-")
+                raise ConfigError(f"{flag} must be a whole number in 1 .. {INT_MAX}, got {v}")
+
+
 def cmd_reproduce(a: argparse.Namespace) -> int:
     from fedjax_sel.registry import parse_pairs
     from fedjax_sel.reproduce import run_reproduction
@@ -385,6 +447,15 @@ def _add_cell_flags(p: argparse.ArgumentParser) -> None:
         help="override a setting in every cell (e.g. rounds=2 for a quick check); repeatable",
     )
     p.add_argument("--seeds", type=int, default=None, help="override the file's (evaluation) seeds")
+    _add_overwrite_flag(p)
+
+
+def _add_overwrite_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace results of another configuration found in --out (refused without it)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -434,6 +505,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume", default=None, metavar="DIR", help="continue the run in DIR from its checkpoint"
     )
     p.add_argument("--out", default=None, help="output folder (default runs/<strategy>-<dataset>)")
+    _add_overwrite_flag(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(
         "--trace",
@@ -466,6 +538,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_cell_flags(p)
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--no-compare", action="store_true", help="skip the comparison at the end")
+    p.add_argument(
+        "--allow-diverged",
+        action="store_true",
+        help="exit 0 when some cells diverged (default: exit 3, naming them)",
+    )
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser(
@@ -644,6 +721,8 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_trace(a: argparse.Namespace) -> int:
     from fedjax_sel.availability.fedscale_trace import convert_behaviour_trace, save_trace
 
+    _check_counts(a, "rounds", "clients")
+
     trace = convert_behaviour_trace(
         a.input,
         round_seconds=a.round_seconds,
@@ -684,9 +763,10 @@ def set_cpu_devices(n: int | None) -> None:
 
 def load_plugins(modules: list[str] | None) -> None:
     """Imports the user's modules (they register strategies, models, ... on import); the
-    working directory is searched first."""
+    working directory is searched too, last (appended to the import path), so a folder there
+    named like an installed package (``tqdm/``) does not shadow it."""
     if modules and str(Path.cwd()) not in sys.path:
-        sys.path.insert(0, str(Path.cwd()))
+        sys.path.append(str(Path.cwd()))
     for name in modules or []:
         try:
             importlib.import_module(name)
@@ -703,6 +783,16 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except ConfigError as e:
         print(f"fedjax-sel: error: {e}", file=sys.stderr)
+        return 2
+    except MemoryError as e:  # a size no check foresaw: still one line, not a traceback
+        print(f"fedjax-sel: error: out of memory ({e or 'MemoryError'}): the settings ask "
+              "for more memory than this machine has", file=sys.stderr)  # fmt: skip
+        return 2
+    except Exception as e:  # noqa: BLE001 - only XLA's out-of-memory is turned into a line
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        print(f"fedjax-sel: error: out of device memory ({str(e).splitlines()[0][:200]}): the "
+              "settings ask for more memory than this device has", file=sys.stderr)  # fmt: skip
         return 2
     except KeyboardInterrupt:
         print("fedjax-sel: interrupted", file=sys.stderr)

@@ -115,15 +115,20 @@ def data_dir() -> Path:
     return require_data("mnist.npz", "shakespeare")
 
 
-@pytest.fixture(autouse=True)
-def _data_dir_env(monkeypatch, tmp_path_factory):
+@pytest.fixture(scope="session", autouse=True)
+def _data_dir_env(tmp_path_factory):
     """Tests see the data-dir variable (loaders read it) pointing at the resolved folder. The
-    measured ``--parallel auto`` choice is switched off (the rule decides; measuring compiles
-    every candidate) except where a test switches it on, and its cache goes to a temporary
-    folder, never the user's."""
-    monkeypatch.setenv("FEDJAX_SEL_DATA_DIR", str(data_dir_path()))
-    monkeypatch.setenv("FEDJAX_SEL_AUTOTUNE", "0")
-    monkeypatch.setenv("FEDJAX_SEL_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+    measured ``--parallel auto`` and seed-batch choices are switched off (the rules decide;
+    measuring compiles every candidate) except where a test switches them on (its
+    ``monkeypatch`` restores this), and their cache goes to a temporary folder, never the
+    user's. Session-scoped, so that module-scoped fixtures (a suite run once for a file's
+    tests) see it too: a fixture of a wider scope is set up before a function-scoped one."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("FEDJAX_SEL_DATA_DIR", str(data_dir_path()))
+    patch.setenv("FEDJAX_SEL_AUTOTUNE", "0")
+    patch.setenv("FEDJAX_SEL_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+    yield
+    patch.undo()
 
 
 @pytest.fixture

@@ -74,6 +74,13 @@ def test_run_writes_outputs_and_prints_a_table(tmp_path, capsys):
         (["--parallel", "map:conv=fft"], "conv must be one of"),
         (["--parallel", "map,conv=xla"], "options follow a colon"),
         (["--model", "linreg"], "regression"),
+        # the data set's own number of clients (digits: 20), before anything is sized by it
+        (["--per-round", "30"], "per_round=30 exceeds the number of clients (20 of data set"),
+        (["--seed", "-1"], "seed must be in 0 .. 4294967295, got -1"),
+        (["--data-seed", "-5"], "data_seed must be in 0 .. 4294967295, got -5"),
+        (["--seed", "99999999999999999999999"], "got 99999999999999999999999"),
+        (["--batch-size", "2000000000"], "a minibatch of batch_size=2000000000 examples"),
+        (["--model", "mlp", "--model-arg", "hidden=99999999-99999999"], "the parameters of"),
     ],
 )
 def test_bad_input_gives_a_clear_error(args, message, tmp_path, capsys):
@@ -81,6 +88,48 @@ def test_bad_input_gives_a_clear_error(args, message, tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2, err
     assert message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "command,text,message",
+    [
+        ("sweep", "", "neither a [base] table nor [[strategies]] entries"),
+        ("sweep", "[sweep]\nseeds = 3\n", "neither a [base] table nor [[strategies]] entries"),
+        ("sweep", '[sweep]\nseeds = "12"\n[base]\nrounds = 1\n', "got '12'"),
+        ("sweep", "[sweep]\nseeds = [-1]\n[base]\nrounds = 1\n", "each seed must be in 0 .."),
+        ("sweep", '[base]\nlr = "0.1"\n', "lr='0.1' is text where a number is expected"),
+        ("sweep", '[base]\nrounds = "5"\n', "rounds='5' is text where a number is expected"),
+        ("sweep", "[sweep]\nat_rounds = [0]\n[base]\nrounds = 1\n", "not a round >= 1"),
+        ("suite", "", "needs at least one [tasks.NAME] and one [scenarios.NAME]"),
+        (
+            "suite",
+            "[suite]\nseeds = [-1]\n[tasks.t]\n[scenarios.s]\n[[strategies]]\n"
+            'strategy = "uniform"\n',
+            "each seed must be in 0 ..",
+        ),
+    ],
+)
+def test_bad_sweep_and_suite_files_fail_before_anything_runs(
+    command, text, message, tmp_path, capsys
+):
+    path = tmp_path / "file.toml"
+    path.write_text(text)
+    assert main([command, str(path), "--out", str(tmp_path / "out"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_set_values_are_typed_by_their_fields(tmp_path):
+    """--set rounds=1 is the command line's text: typed, so the file's strictness holds."""
+    from fedjax_sel.cli import _spec_with_overrides, build_parser
+
+    path = tmp_path / "s.toml"
+    path.write_text("[base]\nrounds = 5\n")
+    a = build_parser().parse_args(["sweep", str(path), "--set", "rounds=1,lr=0.5,partition=iid"])
+    assert _spec_with_overrides(a, "sweep")["override"] == {
+        "rounds": 1, "lr": 0.5, "partition": "iid"
+    }  # fmt: skip
 
 
 def test_local_steps_and_epochs_are_exclusive(capsys):
@@ -121,6 +170,31 @@ def test_bench_refuses_no_repeats(what, capsys):
     assert main(["bench", what, "--repeats", "0"]) == 2
     err = capsys.readouterr().err
     assert "--repeats must be >= 1, got 0" in err and "Traceback" not in err
+
+
+def test_plugin_folder_does_not_shadow_an_installed_package(tmp_path, monkeypatch):
+    """``--plugin`` finds a module in the working directory, but appends that directory to
+    the import path: a folder there named like an installed package (``tqdm/``) does not
+    shadow the installed one, for the plugin or anything else."""
+    from fedjax_sel.cli import load_plugins
+
+    (tmp_path / "tqdm").mkdir()
+    (tmp_path / "tqdm" / "__init__.py").write_text("SHADOW = True\n")
+    (tmp_path / "shadow_probe_plugin.py").write_text("import tqdm\nTQDM_FILE = tqdm.__file__\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    saved = {k: sys.modules.pop(k) for k in list(sys.modules) if k.split(".")[0] == "tqdm"}
+    try:
+        load_plugins(["shadow_probe_plugin"])
+        probe = sys.modules["shadow_probe_plugin"]
+        assert not Path(probe.TQDM_FILE).is_relative_to(tmp_path)
+        assert not hasattr(sys.modules["tqdm"], "SHADOW")
+        assert sys.path[-1] == str(tmp_path)
+    finally:
+        sys.modules.pop("shadow_probe_plugin", None)
+        for k in [k for k in sys.modules if k.split(".")[0] == "tqdm"]:
+            del sys.modules[k]
+        sys.modules.update(saved)
 
 
 def test_reproduce_unknown_name(capsys):

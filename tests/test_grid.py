@@ -165,6 +165,28 @@ def test_batch_size_is_the_fastest_measured_and_stops_when_larger_is_not_faster(
     assert choice.size == 1 and choice.seconds_per_member_round == {"1": 0.5, "2": 0.9}
 
 
+def test_memory_bound_of_a_batch_does_not_depend_on_what_is_free_now(monkeypatch):
+    """The bound on seeds per batch is half the machine's total memory (the device's
+    ``bytes_limit``; the host's physical pages on CPU), not of what is free at the moment:
+    the bound is part of the batch cache's key, and a run's bits can depend on its batch, so
+    one machine must give one bound whatever else is running."""
+    import os
+
+    real = os.sysconf
+    budgets = []
+    for free_pages in (1_000, 1_000_000):
+        fake = {"SC_AVPHYS_PAGES": free_pages, "SC_PHYS_PAGES": 4_000_000, "SC_PAGE_SIZE": 4096}
+        monkeypatch.setattr(os, "sysconf", lambda name, fake=fake: fake.get(name) or real(name))
+        monkeypatch.setattr(run_lib.jax, "devices", lambda: [type("D", (), {
+            "memory_stats": lambda self: None})()])  # fmt: skip
+        budgets.append(run_lib._memory_budget())
+    assert budgets == [0.5 * 4_000_000 * 4096] * 2
+    stats = iter([{"bytes_limit": 8e9, "bytes_in_use": 7e9}, {"bytes_limit": 8e9}])
+    device = type("D", (), {"memory_stats": lambda self: next(stats)})()
+    monkeypatch.setattr(run_lib.jax, "devices", lambda: [device])
+    assert run_lib._memory_budget() == run_lib._memory_budget() == 4e9
+
+
 def test_measured_batch_is_recorded_cached_and_used(tmp_path, monkeypatch):
     monkeypatch.setenv("FEDJAX_SEL_AUTOTUNE", "1")
     configs = [RunConfig(**BASE, lr=0.1, seed=s) for s in range(4)]

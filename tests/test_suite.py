@@ -250,6 +250,34 @@ def test_tiny_suite_resumes_from_records_and_reruns_only_what_is_missing(
     assert suite_lib.cell_key(a) == suite_lib.cell_key(c)  # where the files live is no setting
 
 
+def test_records_carry_config_and_batch_and_a_rerun_gives_byte_identical_records(tiny, tmp_path):
+    """Each per-seed record carries the cell's whole configuration (it hashes to the record's
+    key) and how the cell ran: the members vmapped with it (its seed among them; the grid
+    points where tuning runs them together), the batch size and how it was chosen, and the
+    client parallelism. The same suite run twice into new folders gives byte-identical
+    ``per_seed`` files: the batching is deterministic (the memory bound comes from the total
+    memory, not from what is free) and recorded."""
+    path, res = tiny
+    argv = ["suite", str(path), "--out", str(tmp_path / "again"), "--tasks", "digits"]
+    assert main([*argv, "--no-progress"]) == 0
+    first = (res / "per_seed" / "digits.json").read_bytes()
+    assert first == (tmp_path / "again" / "per_seed" / "digits.json").read_bytes()
+    records = json.loads(first)["cells"]
+    assert len(records) == 3 * 2 + 3 * 3 + 2 * 3  # tuning, ideal, devices (no full)
+    for r in records:
+        config = RunConfig.from_dict(r["config"])
+        assert suite_lib.cell_key(config) == r["key"]
+        assert (config.seed, config.label, config.dataset) == (r["seed"], r["strategy"], "digits")
+        batch = r["batch"]
+        assert batch["chosen_by"] == "memory" and batch["size"] == len(batch["seeds"])
+        assert r["parallel"]
+        if r["phase"] == "eval":  # the three seeds of a strategy: one batch
+            assert batch["seeds"] == [0, 1, 2] and batch["bound"] == 3 and "hparams" not in batch
+        else:  # the tuning seed at both grid points, vmapped together
+            assert config.lr == r["lr"] and batch["seeds"] == [100, 100]
+            assert [h["lr"] for h in batch["hparams"]] == [0.1, 0.3]
+
+
 def test_not_applicable_by_cell_task_scenario_or_everywhere():
     entry = suite_lib.Entry(
         "x", {}, not_applicable={"digits/ideal": "a", "synthetic": "b", "devices": "c"}

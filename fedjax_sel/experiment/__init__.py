@@ -18,6 +18,7 @@ from fedjax_sel.experiment.outputs import (
     plot_curves,
     read_json,
     read_metrics,
+    read_timings,
     strip_timings,
     write_json,
 )
@@ -51,6 +52,7 @@ __all__ = [
     "read_header",
     "read_json",
     "read_metrics",
+    "read_timings",
     "run_cells",
     "run_experiment",
     "run_group",

@@ -12,8 +12,14 @@ on disk per (configuration's program, batch bound, backend, device, jax version)
 ``--parallel auto``'s, so later sweeps of the same shape reuse it. ``FEDJAX_SEL_AUTOTUNE=0``
 keeps the memory bound alone.
 
-A run's bits can depend on its batch (XLA:CPU's reductions are shaped by it); every run records
-its batch in ``config.json`` (``seeds_vmapped``, ``batch_choice``).
+A run's bits can depend on its batch (XLA:CPU's reductions are shaped by it), so the choice is
+deterministic for a machine: the memory bound comes from the device's total memory (not what
+is free at the moment), and once measured the choice is read from the cache, so the same
+configuration gets the same batches on one machine, run after run. Every run records its batch
+in ``config.json`` (``seeds_vmapped``, ``batch_choice``), and every suite per-seed record its
+cell's batch (``batch``: the members vmapped with it, the size and how it was chosen), so a
+rerun with the same batch (``--seeds-together`` the recorded size, the same seeds) reproduces
+it. A new machine, or a cleared cache, may measure another size.
 """
 
 from __future__ import annotations
@@ -41,8 +47,9 @@ class BatchChoice:
 
     Attributes:
       size: members per batch.
-      source: ``measured``, ``cache`` or ``memory`` (the memory bound alone).
-      bound: the memory bound (largest batch that fits half the free memory).
+      source: ``measured``, ``cache``, ``memory`` (the memory bound alone) or ``given``
+        (``seeds_together`` a number).
+      bound: the memory bound (largest batch that fits half the device's memory).
       seconds_per_member_round: batch size -> measured seconds of one round per member.
     """
 

@@ -31,7 +31,7 @@ from fedjax_sel.engine.state import (
     stack_states,
     unstack_state,
 )
-from fedjax_sel.experiment.batching import measured_batch
+from fedjax_sel.experiment.batching import BatchChoice, measured_batch
 from fedjax_sel.experiment.build import build_simulation, load_data_for
 from fedjax_sel.experiment.loop import (
     Member,
@@ -44,6 +44,7 @@ from fedjax_sel.experiment.loop import (
     traced_settings,
     write_config,
 )
+from fedjax_sel.experiment.outdir import clear_results, conflicting, owned, refuse_conflicts
 from fedjax_sel.experiment.outputs import CHECKPOINT, METRICS
 from fedjax_sel.experiment.personalized import run_personalized
 from fedjax_sel.models import Model
@@ -128,15 +129,18 @@ class GlobalEngine:
 
 # ----------------------------------------------------------------------------- groups
 def _memory_budget() -> float:
-    """Bytes a batch of seeds may use: half the device's free memory (the host's on CPU)."""
+    """Bytes a batch of seeds may use: half the device's memory (its ``bytes_limit``; the
+    host's physical memory on CPU). The total, not what is free now: the bound is part of the
+    batch cache's key, so on one machine the same configuration always gets the same batches
+    (what is free changes from run to run, and a run's last bits can depend on its batch)."""
     try:
         stats = jax.devices()[0].memory_stats() or {}
     except Exception:  # noqa: BLE001 (backends without memory statistics)
         stats = {}
     if stats.get("bytes_limit"):
-        return 0.5 * float(stats["bytes_limit"] - stats.get("bytes_in_use", 0))
+        return 0.5 * float(stats["bytes_limit"])
     try:
-        return 0.5 * os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        return 0.5 * os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
         return 4e9
 
@@ -160,7 +164,8 @@ def batch_size(
     seeds_together: int | str, config: RunConfig, state: SimState, data_bytes: int, n: int
 ) -> int:
     """Seeds per vmapped batch: ``seeds_together``, or with ``"auto"`` as many as fit half the
-    free memory by :func:`member_bytes` (at least one, at most ``n``): the bound within which
+    device's memory (:func:`_memory_budget`) by :func:`member_bytes` (at least one, at most
+    ``n``): the bound within which
     :func:`fedjax_sel.experiment.batching.measured_batch` then measures."""
     if seeds_together != "auto":
         return max(1, min(n, int(seeds_together)))
@@ -303,6 +308,8 @@ def _run_group(
             echo=echo,
         )
         size = choice.size
+    elif len(members) > 1:  # recorded too: a rerun with this size reproduces the batches
+        choice = BatchChoice(size, "given", size)
     batches: list[list[int]] = []
     for r in sorted({m.done for m in members}):  # members resumed at the same round together
         same = [i for i, m in enumerate(members) if m.done == r]
@@ -352,12 +359,37 @@ def run_experiment(
     echo: Callable = print,
     resume: bool = False,
     trace_dir: str | Path | None = None,
+    overwrite: bool = False,
 ) -> RunResult:
     """Runs ``config`` to the end (or to divergence) and writes its folder (nothing is written
     when ``out_dir`` is ``None``). ``resume``: continue from ``out_dir``'s checkpoint when it
-    has one (a finished run is returned as it is)."""
+    has one (a finished run is returned as it is).
+
+    ``out_dir`` is locked while the run writes (:mod:`.outdir`: a second writer is refused),
+    and a folder holding results of another configuration is refused unless ``overwrite``."""
     out = None if out_dir is None else Path(out_dir)
     config = config.resolve()
+    with owned(out, echo):
+        if out is not None:
+            conflicts = conflicting([(out, config.results_key())])
+            if conflicts and overwrite:
+                echo(f"--overwrite: {out} held {conflicts[0][1]}; replacing it")
+                clear_results(out)
+            elif conflicts:
+                refuse_conflicts(conflicts, "this run")
+        return _run_experiment(config, out, progress, dataset, model, echo, resume, trace_dir)
+
+
+def _run_experiment(
+    config: RunConfig,
+    out: Path | None,
+    progress: bool,
+    dataset: FederatedDataset | None,
+    model: Model | None,
+    echo: Callable,
+    resume: bool,
+    trace_dir: str | Path | None,
+) -> RunResult:
     if resume and out is not None:
         done = finished_result(config, out)
         if done is not None:

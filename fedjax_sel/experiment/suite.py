@@ -42,7 +42,9 @@ few suite keys (marked *suite* below)::
 Every cell (phase, task, scenario, strategy, seed) is a run folder under ``OUT/runs/`` (scratch,
 resumed from its checkpoint when killed) and, once finished, a record of its metrics in
 ``OUT/per_seed/<task>.json``: the committed per-seed values every statistic is computed from. A
-record carries the hash of its configuration and the suite's code version; a cell whose record
+record carries the hash of its configuration and the suite's code version, and (records written
+since these fields exist) the whole configuration (``config``) and how the cell ran: its vmapped
+batch and client parallelism (``batch``, ``parallel``: :func:`cell_execution`); a cell whose record
 matches is never rerun (a suite can be finished over several runs on several machines), one
 whose configuration or version changed is recomputed, never mixed.
 :mod:`fedjax_sel.experiment.leaderboard` turns the records into ``leaderboard.json/csv/md``,
@@ -64,8 +66,10 @@ import numpy as np
 
 from fedjax_sel.base import ConfigError
 from fedjax_sel.config import RunConfig, read_config_file
-from fedjax_sel.experiment.outputs import read_json, write_json
+from fedjax_sel.experiment.outdir import check_distinct_folders, folder_name, owned
+from fedjax_sel.experiment.outputs import CONFIG, read_json, write_json
 from fedjax_sel.experiment.sweep import _slug
+from fedjax_sel.input_checks import seed_list
 
 # Bump when what a cell's record means changes (a metric's definition, the engine's numbers):
 # records of another version are recomputed, never mixed with this one's.
@@ -208,13 +212,12 @@ def _together(value: Any, where: str) -> int | None:
 
 
 def _seed_list(value: Any, where: str) -> list[int]:
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-        return list(range(value))
-    if isinstance(value, list) and value and all(isinstance(s, int) for s in value):
-        if len(set(value)) != len(value):
-            raise ConfigError(f"suite: {where} repeats a seed: {value}")
-        return list(value)
-    raise ConfigError(f"suite: {where} must be a positive number or a list of seeds, got {value!r}")
+    return seed_list(value, f"suite: {where}")
+
+
+def _number(value: Any) -> bool:
+    """A number of a file: ``true`` and ``"0.5"`` are none."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _numbers(value: Any, where: str, *, positive: bool = False) -> tuple[float, ...]:
@@ -249,7 +252,7 @@ def parse_suite(spec: Mapping[str, Any]) -> Suite:
     tasks = []
     for name, table, fields in _named_tables(spec, "tasks", TASK_KEYS):
         target = table.get("target")
-        if target is not None and not (isinstance(target, (int, float)) and 0 < target <= 1):
+        if target is not None and not (_number(target) and 0 < target <= 1):
             raise ConfigError(
                 f"suite: [tasks.{name}] target must be an accuracy in (0, 1], got {target!r}"
             )
@@ -272,7 +275,7 @@ def parse_suite(spec: Mapping[str, Any]) -> Suite:
     for name, table, fields in _named_tables(spec, "scenarios", SCENARIO_KEYS):
         q = table.get("deadline_quantile")
         if q is not None:
-            if not (isinstance(q, (int, float)) and 0 < q < 1):
+            if not (_number(q) and 0 < q < 1):
                 raise ConfigError(
                     f"suite: [scenarios.{name}] deadline_quantile must be in (0, 1), got {q!r}"
                 )
@@ -341,6 +344,11 @@ def parse_suite(spec: Mapping[str, Any]) -> Suite:
             f"suite: unknown [tuning] key(s) {sorted(bad)}; known: {sorted(TUNING_KEYS)}"
         )
     tuning = Tuning()
+    if t and "lr" not in t:
+        raise ConfigError(
+            "suite: [tuning] needs lr = [...], the learning rates every strategy is tuned over "
+            "(or leave the [tuning] table out)"
+        )
     if t:
         tuning = Tuning(
             _numbers(t["lr"], "[tuning] lr", positive=True) if "lr" in t else (),
@@ -364,10 +372,11 @@ def parse_suite(spec: Mapping[str, Any]) -> Suite:
                 f"suite: [tuning] scenario {tuning.scenario!r} is not a scenario of the suite"
             )
     fraction = options.get("stable_fraction", 0.1)
-    if not (isinstance(fraction, (int, float)) and 0 < fraction <= 1):
+    if not (_number(fraction) and 0 < fraction <= 1):
         raise ConfigError(f"suite: stable_fraction must be in (0, 1], got {fraction!r}")
     together = options.get("seeds_together", "auto")
-    if together != "auto" and not (isinstance(together, int) and together >= 1):
+    whole = isinstance(together, int) and _number(together)
+    if together != "auto" and not (whole and together >= 1):
         raise ConfigError(f"suite: seeds_together must be 'auto' or >= 1, got {together!r}")
     ranking = str(options.get("ranking", "headline"))
     if ranking != "headline" and ranking not in CELL_METRICS:
@@ -386,6 +395,11 @@ def parse_suite(spec: Mapping[str, Any]) -> Suite:
         dict(spec),
         override,
     )
+    check_distinct_folders([t.name for t in tasks], "suite: tasks")
+    check_distinct_folders([s.name for s in scenarios], "suite: scenarios")
+    check_distinct_folders([e.label for e in entries], "suite: strategy labels")
+    if any(folder_name(s.name).casefold() == "tuning" for s in scenarios):
+        raise ConfigError("suite: no scenario can be named 'tuning' (its folder holds tuning runs)")
     for task in suite.tasks:  # every cell's configuration is valid before anything runs
         for scenario in suite.scenarios:
             for e in suite.strategies:
@@ -423,8 +437,9 @@ def cell_config(
         fields["lr"] = lr
     if scenario.deadline_quantile is not None:
         fields["deadline"] = deadline
-    rounds = int(fields.get("rounds", RunConfig.rounds))
-    fields["eval_tail"] = max(1, math.ceil(suite.stable_fraction * rounds))
+    rounds = fields.get("rounds", RunConfig.rounds)
+    if _number(rounds) and 1 <= rounds < math.inf:  # else RunConfig names the bad value
+        fields["eval_tail"] = max(1, math.ceil(suite.stable_fraction * rounds))
     if task.target is not None:
         fields["accuracy_targets"] = [task.target]
     return RunConfig.from_dict(
@@ -522,8 +537,9 @@ class Store:
     """The per-seed records of one task (``OUT/per_seed/<task>.json``): finished cells'
     metrics, keyed by phase (``eval`` or ``tune``), scenario, strategy, seed (and lr)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, overwrite: bool = False):
         self.path = path
+        self.overwrite = overwrite  # may records of another configuration be replaced
         self.records: dict[str, dict[str, Any]] = {}
         self.meta: dict[str, Any] = {}
         if path.exists():
@@ -543,6 +559,16 @@ class Store:
 
     def put(self, record: dict[str, Any]) -> None:
         self.records[self.id(record)] = record
+
+    def conflicts(self, planned: Sequence[tuple[Mapping[str, Any], str]]) -> list[str]:
+        """The ids among ``(ident, key)`` pairs whose record holds another configuration's
+        results (another key): running them would replace a finished result."""
+        out = []
+        for ident, key in planned:
+            r = self.records.get(self.id(ident))
+            if r is not None and r.get("key") != key:
+                out.append(self.id(ident))
+        return out
 
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -572,28 +598,34 @@ def run_suite(
     progress: bool = True,
     echo: Callable = print,
     only_tasks: Sequence[str] | None = None,
+    overwrite: bool = False,
 ) -> float:
     """Runs (or resumes) a suite into ``out``: every cell without a matching record runs and is
     recorded in ``out/per_seed/``. Returns the wall seconds;
-    :func:`fedjax_sel.experiment.leaderboard.write` turns the records into the leaderboard."""
+    :func:`fedjax_sel.experiment.leaderboard.write` turns the records into the leaderboard.
+
+    ``out`` is locked while the suite writes (:mod:`.outdir`); a cell whose record or folder
+    holds another configuration's results is refused before it runs, unless ``overwrite``."""
     if isinstance(suite, Mapping):
         suite = parse_suite(suite)
     elif not isinstance(suite, Suite):
         suite = load_suite(suite)
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "suite.json", suite.source)
-    together = seeds_together if seeds_together is not None else suite.seeds_together
-    tasks = [t for t in suite.tasks if only_tasks is None or t.name in only_tasks]
-    stores = {t.name: Store(out / "per_seed" / f"{t.name}.json") for t in tasks}
-    start = time.perf_counter()
-    bar = _Progress(suite, tasks, progress, out)
-    try:
-        for task in tasks:
-            _run_task(suite, task, stores[task.name], out, together, bar, echo)
-    finally:
-        bar.close()
-    return time.perf_counter() - start
+    with owned(out, echo):
+        write_json(out / "suite.json", suite.source)
+        together = seeds_together if seeds_together is not None else suite.seeds_together
+        tasks = [t for t in suite.tasks if only_tasks is None or t.name in only_tasks]
+        stores = {t.name: Store(out / "per_seed" / f"{t.name}.json") for t in tasks}
+        for store in stores.values():
+            store.overwrite = overwrite
+        start = time.perf_counter()
+        bar = _Progress(suite, tasks, progress, out)
+        try:
+            for task in tasks:
+                _run_task(suite, task, stores[task.name], out, together, bar, echo)
+        finally:
+            bar.close()
+        return time.perf_counter() - start
 
 
 class _Progress:
@@ -691,6 +723,30 @@ def machine_info() -> dict[str, Any]:
     }
 
 
+def cell_execution(out_dir: Path | None) -> dict[str, Any]:
+    """How a finished cell ran, from its folder's ``config.json``, for its record (a run's last
+    bits can depend on both, :mod:`.batching`): ``batch``, the members vmapped with it
+    (``seeds``; ``hparams`` too where grid points shared the batch), the batch ``size``, the
+    memory ``bound`` and how the size was chosen (``chosen_by``: ``measured``, ``memory``,
+    ``given`` by ``seeds_together``, or ``alone`` for a program of one cell); ``parallel``, the
+    client parallelism it ran with (``auto`` resolved). Rerun with the same members together
+    and this parallelism, a cell gives its record's metrics again. The measurement's timings
+    are left out: they change from run to run, the choice (cached per machine) does not."""
+    if out_dir is None or not (Path(out_dir) / CONFIG).exists():
+        return {}
+    info = read_json(Path(out_dir) / CONFIG)
+    batch: dict[str, Any] = {"seeds": info.get("seeds_vmapped")}
+    if "hparams_vmapped" in info:
+        batch["hparams"] = info["hparams_vmapped"]
+    choice = info.get("batch_choice")
+    if choice is None:
+        batch.update(size=1, chosen_by="alone")
+    else:
+        chosen_by = {"cache": "measured"}.get(choice["source"], choice["source"])
+        batch.update(size=choice["size"], bound=choice["bound"], chosen_by=chosen_by)
+    return {"batch": batch, "parallel": info.get("config", {}).get("parallel")}
+
+
 def _run_cells(
     planned: list[Planned], store: Store, together, bar: _Progress, echo: Callable
 ) -> None:
@@ -705,12 +761,21 @@ def _run_cells(
             bar.update(p.config.rounds)
         else:
             groups.setdefault(program_key(p.config), []).append(p)
+    stale = store.conflicts([(p.ident, cell_key(p.config)) for g in groups.values() for p in g])
+    if stale and not store.overwrite:
+        more = f" (and {len(stale) - 3} more)" if len(stale) > 3 else ""
+        raise ConfigError(
+            f"{store.path} holds records of another configuration for {len(stale)} cell(s) "
+            f"about to run ({', '.join(stale[:3])}{more}): running them would replace finished "
+            "results. Choose another --out, or pass --overwrite to replace them"
+        )
     for todo in groups.values():
         cells = [
             sweep_lib.Cell(p.config, p.out, p.ident["strategy"], p.ident["scenario"]) for p in todo
         ]
         results = sweep_lib.run_cells(
             cells,
+            overwrite=store.overwrite,
             seeds_together=todo[0].together or together,
             progress=False,
             echo=echo,
@@ -727,6 +792,8 @@ def _run_cells(
                     "metrics": cell_metrics(
                         r.evals, r.summary, p.config, target=p.task.target, budgets=p.task.budgets
                     ),
+                    "config": p.config.to_dict(),
+                    **cell_execution(r.out_dir),
                 }
             )
         store.save()

@@ -70,7 +70,16 @@ from fedjax_sel.config import RunConfig, read_config_file
 from fedjax_sel.experiment import run as run_lib
 from fedjax_sel.experiment.loop import finished_by_other_code
 from fedjax_sel.experiment.mappings import release_if_crowded
+from fedjax_sel.experiment.outdir import (
+    check_distinct_folders,
+    clear_results,
+    conflicting,
+    folder_name,
+    owned,
+    refuse_conflicts,
+)
 from fedjax_sel.experiment.outputs import write_json
+from fedjax_sel.input_checks import seed_list
 
 
 @dataclasses.dataclass
@@ -121,8 +130,7 @@ def _setting_name(point: Mapping[str, Any]) -> str:
     return ",".join(f"{k}={v}" for k, v in point.items())
 
 
-def _slug(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "-=._" else "_" for c in text) or "default"
+_slug = folder_name  # the folder name of a setting or label (kept for the studies' imports)
 
 
 def expand_sweep(spec: Mapping[str, Any], out: str | Path) -> Sweep:
@@ -133,10 +141,18 @@ def expand_sweep(spec: Mapping[str, Any], out: str | Path) -> Sweep:
             f"sweep: unknown section(s) {sorted(unknown)}; use sweep, base, grid, strategies "
             "(and override)"
         )
-    override = dict(spec.get("override", {}))
-    options = dict(spec.get("sweep", {}))
-    base = dict(spec.get("base", {}))
-    grid = dict(spec.get("grid", {}))
+    override, options, base, grid = (
+        _table(spec, key) for key in ("override", "sweep", "base", "grid")
+    )
+    if not base and not spec.get("strategies"):  # an empty file is no default sweep
+        raise ConfigError(
+            "sweep: the file gives neither a [base] table nor [[strategies]] entries, so there "
+            "is nothing to run (see examples/sweep_digits.toml)"
+        )
+    if not isinstance(spec.get("strategies") or [], list):
+        raise ConfigError(
+            f"sweep: [[strategies]] must be a list of tables, got {spec['strategies']!r}"
+        )
     strategies = list(spec.get("strategies") or [{}])
     bad = set(options) - {
         "seeds",
@@ -148,10 +164,7 @@ def expand_sweep(spec: Mapping[str, Any], out: str | Path) -> Sweep:
     }
     if bad:
         raise ConfigError(f"sweep: unknown [sweep] option(s) {sorted(bad)}")
-    seeds = options.get("seeds", 5)
-    seeds = list(range(int(seeds))) if isinstance(seeds, int) else [int(s) for s in seeds]
-    if not seeds:
-        raise ConfigError("sweep: seeds must be a positive number or a non-empty list")
+    seeds = seed_list(options.get("seeds", 5), "sweep: [sweep] seeds")
     grid = grid_axes(grid, "[grid]")
     labels, own_grids = [], []
     for entry in strategies:
@@ -178,7 +191,8 @@ def expand_sweep(spec: Mapping[str, Any], out: str | Path) -> Sweep:
             "is paired against one baseline, so give it fixed values (or tune it on [grid])"
         )
     together = options.get("seeds_together", "auto")
-    if together != "auto" and not (isinstance(together, int) and together >= 1):
+    whole = isinstance(together, int) and not isinstance(together, bool)
+    if together != "auto" and not (whole and together >= 1):
         raise ConfigError(f"sweep: seeds_together must be 'auto' or >= 1, got {together!r}")
     cells = []
     out = Path(out)
@@ -198,12 +212,22 @@ def expand_sweep(spec: Mapping[str, Any], out: str | Path) -> Sweep:
                     ).validate()
                     where = out / "runs" / _slug(setting) / _slug(name) / f"seed{seed}"
                     cells.append(Cell(config, where, name, setting, full, label, tuple(own)))
+    check_distinct_folders([c.setting for c in cells], "sweep: grid settings")
+    check_distinct_folders([c.label for c in cells], "sweep: strategy labels")
     for c in cells:
         c.config = c.config.resolve()
     compare_options = {k: options[k] for k in COMPARE_OPTIONS if k in options}
     for key, values in compare_options.items():
         if not isinstance(values, list):
             raise ConfigError(f"sweep: [sweep] {key} must be a list, got {values!r}")
+        for v in values:  # checked now, not by the comparison after every cell has run
+            number = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            if key == "metrics" and not isinstance(v, str):
+                raise ConfigError(f"sweep: [sweep] metrics holds {v!r}, not a metric name")
+            if key == "at_rounds" and not (number and v == int(v) and v >= 1):
+                raise ConfigError(f"sweep: [sweep] at_rounds holds {v!r}, not a round >= 1")
+            if key in ("targets", "time_targets") and not (number and 0 < v <= 1):
+                raise ConfigError(f"sweep: [sweep] {key} holds {v!r}, not an accuracy in (0, 1]")
     if "percent" in options:
         if not isinstance(options["percent"], bool):
             raise ConfigError(
@@ -214,6 +238,14 @@ def expand_sweep(spec: Mapping[str, Any], out: str | Path) -> Sweep:
     if "tune" in options:
         tuning = parse_tuning(options["tune"], grid, seeds, own=any(own_grids))
     return Sweep(cells, baseline, together, dict(spec), compare_options, tuning)
+
+
+def _table(spec: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """The ``[key]`` table of a sweep file (empty when absent)."""
+    value = spec.get(key, {})
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"sweep: [{key}] must be a table, got {value!r}")
+    return dict(value)
 
 
 def grid_axes(grid: Any, where: str) -> dict[str, list]:
@@ -277,7 +309,13 @@ def parse_tuning(
     chosen = tune.get("seeds", max(1, len(seeds) // 2))
     if isinstance(chosen, bool) or not isinstance(chosen, (int, list)):
         raise ConfigError(f"sweep: [sweep.tune] seeds must be a count or a list, got {chosen!r}")
-    tuning_seeds = seeds[:chosen] if isinstance(chosen, int) else [int(x) for x in chosen]
+    if isinstance(chosen, int) and chosen < 1:
+        raise ConfigError(f"sweep: [sweep.tune] seeds must be a count >= 1, got {chosen!r}")
+    tuning_seeds = (
+        seeds[:chosen]
+        if isinstance(chosen, int)
+        else seed_list(chosen, "sweep: [sweep.tune] seeds")
+    )
     unknown = sorted(set(tuning_seeds) - set(seeds))
     if unknown:
         raise ConfigError(f"sweep: [sweep.tune] seeds {unknown} are not seeds of the sweep {seeds}")
@@ -450,11 +488,16 @@ def run_cells(
     progress: bool = True,
     echo: Callable = print,
     bar: Any = None,
+    overwrite: bool = False,
 ) -> list[run_lib.RunResult]:
     """Runs every unfinished cell (finished ones are read back): cells that share a compiled
     program run together in vmapped batches of ``seeds_together`` seeds (``"auto"``: as many
     as fit the memory, :func:`fedjax_sel.experiment.run.batch_size`). ``bar``: a progress bar
-    of the caller's to advance (a suite's), instead of one of its own."""
+    of the caller's to advance (a suite's), instead of one of its own.
+
+    A cell whose folder holds results of another configuration is refused before anything
+    runs (:class:`~fedjax_sel.base.ConfigError`), unless ``overwrite``: then those results
+    are removed and the cell recomputed."""
     results: dict[int, run_lib.RunResult] = {}
     todo, other_code = [], 0
     for i, cell in enumerate(cells):
@@ -464,6 +507,13 @@ def run_cells(
         else:
             todo.append(i)
             other_code += bool(finished_by_other_code(cell.config, cell.out))
+    conflicts = conflicting((cells[i].out, cells[i].config.results_key()) for i in todo)
+    if overwrite:
+        for folder, why in conflicts:
+            echo(f"--overwrite: {folder} held {why}; recomputing it")
+            clear_results(folder)
+    else:
+        refuse_conflicts(conflicts, f"{len(todo)} cells")
     if len(todo) < len(cells):
         echo(f"{len(cells) - len(todo)} of {len(cells)} cells already finished; reusing them")
     if other_code:
@@ -512,17 +562,34 @@ def run_sweep(
     progress: bool = True,
     echo: Callable = print,
     compare_results: bool = True,
+    overwrite: bool = False,
 ) -> list[dict[str, Any]]:
     """Runs a sweep (a :class:`Sweep`, a sweep file or its mapping) into ``out`` and compares its
-    strategies; returns the comparison rows (``out/comparison.json``)."""
-    from fedjax_sel.experiment.compare import compare
+    strategies; returns the comparison rows (``out/comparison.json``).
 
+    ``out`` is locked while the sweep writes (:mod:`.outdir`: a second writer is refused); a
+    cell folder holding another configuration's results is refused unless ``overwrite``; the
+    comparison reads this sweep's cells only (other folders under ``out/runs`` are left out)."""
     out = Path(out)
     if isinstance(sweep, Mapping):
         sweep = expand_sweep(sweep, out)
     elif not isinstance(sweep, Sweep):
         sweep = load_sweep(sweep, out)
-    out.mkdir(parents=True, exist_ok=True)
+    with owned(out, echo):
+        return _run_sweep(sweep, out, seeds_together, progress, echo, compare_results, overwrite)
+
+
+def _run_sweep(
+    sweep: Sweep,
+    out: Path,
+    seeds_together: int | str | None,
+    progress: bool,
+    echo: Callable,
+    compare_results: bool,
+    overwrite: bool,
+) -> list[dict[str, Any]]:
+    from fedjax_sel.experiment.compare import compare
+
     write_json(
         out / "sweep.json",
         {
@@ -534,12 +601,14 @@ def run_sweep(
         },
     )
     together = seeds_together if seeds_together is not None else sweep.seeds_together
-    run_cells(sweep.cells, seeds_together=together, progress=progress, echo=echo)
+    run_cells(
+        sweep.cells, seeds_together=together, progress=progress, echo=echo, overwrite=overwrite
+    )
     if not compare_results:
         return []
     rows = compare(
         runs=None,
-        dirs=[out / "runs"],
+        dirs=[c.out for c in sweep.cells],
         baseline=sweep.baseline or sweep.cells[0].label,
         out=out,
         echo=echo,
@@ -549,3 +618,18 @@ def run_sweep(
         echo("\ntuned comparison (each strategy at its chosen point, on held-out seeds):")
         tuned_comparison(sweep, out, echo=echo)
     return rows
+
+
+def diverged_cells(out: str | Path) -> list[str]:
+    """The cells of the sweep written to ``out`` (its ``sweep.json``) whose run diverged, each
+    named ``label (setting) seed S``: the comparison leaves them out and counts them, and
+    ``fedjax-sel sweep`` exits with status 3 when there are any (unless ``--allow-diverged``)."""
+    from fedjax_sel.experiment.outputs import SUMMARY, read_json
+
+    names = []
+    for cell in read_json(Path(out) / "sweep.json").get("cells", []):
+        summary = Path(cell["out"]) / SUMMARY
+        if summary.exists() and read_json(summary).get("diverged"):
+            setting = f" ({cell['setting']})" if cell.get("setting") else ""
+            names.append(f"{cell['label']}{setting} seed {cell['seed']}")
+    return names
