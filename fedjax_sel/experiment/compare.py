@@ -58,7 +58,8 @@ SUMMARY_METRICS = {
 }
 
 # other metrics of which less is better: spreads across clients, uneven selection, instability
-# and costs (the suite's names among them: experiment/suite.py's LOWER_IS_BETTER agrees)
+# and costs (the suite's cell metrics among them: the suite and the leaderboard read
+# higher_is_better from here, the one definition)
 LOWER_IS_BETTER = frozenset(
     {
         "final_client_test_accuracy_std",

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from fedjax_sel.experiment.compare import holm, mean_ci, paired_stats
+from fedjax_sel.experiment.compare import higher_is_better, holm, mean_ci, paired_stats
 from fedjax_sel.experiment.outputs import (
     csv_text,
     read_json,
@@ -44,7 +44,6 @@ from fedjax_sel.experiment.suite import (
     SUITE_VERSION,
     Store,
     Suite,
-    higher_is_better,
 )
 
 LEVEL = 0.95

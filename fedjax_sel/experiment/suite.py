@@ -66,6 +66,7 @@ import numpy as np
 
 from fedjax_sel.base import ConfigError
 from fedjax_sel.config import RunConfig, read_config_file
+from fedjax_sel.experiment.compare import higher_is_better
 from fedjax_sel.experiment.outdir import check_distinct_folders, folder_name, owned
 from fedjax_sel.experiment.outputs import CONFIG, read_json, write_json
 from fedjax_sel.experiment.sweep import _slug
@@ -86,19 +87,11 @@ CELL_METRICS = (
     "client_accuracy_std",
     "deadline_hit_share",
 )
-LOWER_IS_BETTER = frozenset(
-    {"rounds_to_target", "time_to_target", "client_accuracy_std", "deadline_hit_share"}
-)
-
 SUITE_KEYS = {"name", "seeds", "baseline", "stable_fraction", "seeds_together", "ranking"}
 TUNING_KEYS = {"lr", "seeds", "metric", "scenario"}
 TASK_KEYS = {"target", "budgets", "lr_grid"}
 SCENARIO_KEYS = {"headline", "deadline_quantile"}
 STRATEGY_KEYS = {"label", "note", "not_applicable", "seeds_together"}
-
-
-def higher_is_better(metric: str) -> bool:
-    return metric not in LOWER_IS_BETTER
 
 
 @dataclasses.dataclass
