@@ -216,6 +216,10 @@ def cmd_suite(a: argparse.Namespace) -> int:
             raise ConfigError(
                 f"--tasks names {unknown}, not tasks of {a.file} ({[t.name for t in suite.tasks]})"
             )
+    if (a.seed is not None or a.lr is not None) and a.rerun is None:
+        raise ConfigError("--seed and --lr go with --rerun TASK/SCENARIO/STRATEGY")
+    if a.rerun is not None:
+        return _rerun(suite, out, a)
     if a.report_only and not out.is_dir():
         raise ConfigError(f"--report-only: {str(out)!r} is not a suite's output folder")
     if not a.report_only:
@@ -231,6 +235,18 @@ def cmd_suite(a: argparse.Namespace) -> int:
     with owned(out, _echo):  # the leaderboard's files have one writer too
         leaderboard.write(suite, out)
     return 0
+
+
+def _rerun(suite, out: Path, a: argparse.Namespace) -> int:
+    """``suite --rerun``: one recorded cell run again and compared with its record (exit 0
+    when every metric is identical, 1 when one differs)."""
+    from fedjax_sel.experiment.rerun import print_rerun, rerun_cell
+
+    if a.seed is None:
+        raise ConfigError("--rerun needs --seed S (the cell's seed)")
+    result = rerun_cell(suite, out, a.rerun, a.seed, lr=a.lr, echo=_echo)
+    print_rerun(result)
+    return 1 if result["differs"] else 0
 
 
 def cmd_compare(a: argparse.Namespace) -> int:
@@ -560,6 +576,15 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run nothing: rebuild the leaderboard from the per-seed records in --out",
     )
+    p.add_argument(
+        "--rerun",
+        default=None,
+        metavar="TASK/SCENARIO/STRATEGY",
+        help="rerun one recorded cell of --out (with --seed; a tuning cell with --lr) and "
+        "compare its metrics with the record: exit 0 when identical, 1 when not; writes nothing",
+    )
+    p.add_argument("--seed", type=int, default=None, help="the seed of the --rerun cell")
+    p.add_argument("--lr", type=float, default=None, help="the lr of a tuning --rerun cell")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_suite)
 

@@ -454,3 +454,61 @@ def test_committed_leaderboard_docs_and_readme_are_the_per_seed_records():
     # the README's first screen links the benchmark with its headline ranking
     head = "\n".join((ROOT / "README.md").read_text().splitlines()[:40])
     assert "docs/benchmark.md" in head and leaderboard.README_START in head
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--rerun", "digits/ideal/power_of_choice", "--seed", "1"],  # a batch of three seeds
+        ["--rerun", "digits/devices/uniform", "--seed", "2"],  # the clock, a deadline, dropouts
+        ["--rerun", "digits/ideal/uniform", "--seed", "100", "--lr", "0.3"],  # two grid points
+    ],
+)
+def test_rerun_of_a_recorded_cell_reproduces_its_metrics_bit_for_bit(tiny, argv, capsys):
+    """``suite --rerun`` runs the cell's program group again from the records alone (their
+    configurations, batches and parallelism) and finds every metric identical; a planted
+    change in the record is found."""
+    path, res = tiny
+    before = {p: p.stat().st_mtime_ns for p in res.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert main(["suite", str(path), "--out", str(res), *argv]) == 0
+    printed = capsys.readouterr().out
+    assert "every metric equals its record, bit for bit" in printed
+    assert before == {p: p.stat().st_mtime_ns for p in res.rglob("*") if p.is_file()}
+    from fedjax_sel.experiment.rerun import rerun_cell
+
+    suite = suite_lib.load_suite(path)
+    cell, seed = argv[1], int(argv[3])
+    lr = float(argv[5]) if len(argv) > 4 else None
+    store_path = res / "per_seed" / "digits.json"
+    original = store_path.read_bytes()
+    try:
+        data = json.loads(original)
+        for r in data["cells"]:
+            if (r["scenario"], r["strategy"], r["seed"], r.get("lr")) == (
+                *cell.split("/")[1:],
+                seed,
+                lr,
+            ):
+                r["metrics"]["final_accuracy"] += 1e-7
+        store_path.write_text(json.dumps(data))
+        result = rerun_cell(suite, res, cell, seed, lr=lr, echo=lambda *a: None)
+        assert result["differs"] == ["final_accuracy"]
+    finally:
+        store_path.write_bytes(original)
+
+
+def test_rerun_names_what_it_cannot_find(tiny, capsys):
+    path, res = tiny
+    for argv, message in (
+        (["--rerun", "digits/ideal/uniform"], "--rerun needs --seed"),
+        (["--rerun", "digits/ideal/nope", "--seed", "1"], "'nope' is not a strategy"),
+        (
+            ["--rerun", "digits/ideal/uniform", "--seed", "7"],
+            "has no record 'eval/ideal/uniform/7'",
+        ),
+        (["--rerun", "digits/ideal", "--seed", "1"], "takes TASK/SCENARIO/STRATEGY"),
+        (["--seed", "1"], "go with --rerun"),
+    ):
+        assert main(["suite", str(path), "--out", str(res), *argv]) == 2
+        assert message in capsys.readouterr().err

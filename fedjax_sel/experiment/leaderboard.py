@@ -643,7 +643,12 @@ def docs_page(doc: Mapping[str, Any], suite: Suite, suite_file: str, results: st
         "`--seeds N`, `--no-tuning` and `--tasks A,B` make a quick check. Each (task, "
         "scenario, strategy) runs its seeds together in one compiled program; every finished "
         "cell is recorded in `per_seed/<task>.json` with its configuration's hash and the "
-        "suite's version, and a cell whose configuration changed is recomputed, never mixed.",
+        "suite's version; a record of another configuration is never mixed in: the suite "
+        "refuses to replace it unless `--overwrite` is given. A record made by this version "
+        "also keeps the cell's whole configuration, its batch and its client parallelism, so "
+        f"`fedjax-sel suite {suite_file} --out {results} --rerun TASK/SCENARIO/STRATEGY --seed "
+        "S` (a tuning cell: `--lr X`) runs the cell again and compares every metric with its "
+        "record (exit 0 when identical); the committed records predate this and lack them.",
         "",
         f"Committed results: `{results}/` (`leaderboard.json`, `.csv`, `.md`, `ranking.json`, "
         "the pictures, and `per_seed/<task>.json`, every cell's metrics, from which everything "

@@ -1,0 +1,140 @@
+"""Rerunning one recorded cell of a suite (``fedjax-sel suite FILE --out DIR --rerun
+TASK/SCENARIO/STRATEGY --seed S``), to check that its record is what the code computes.
+
+A per-seed record holds the cell's whole configuration, its batch (the members vmapped with it)
+and the client parallelism it ran with (:func:`fedjax_sel.experiment.suite.cell_execution`).
+A run's last float bits can depend on its batch and on the data of the members it ran beside
+(the batch is padded to the largest of them, and XLA's reductions take the batch's shape), so
+the rerun runs the cell's whole program group again as the suite ran it: the records of the
+same phase, scenario and strategy that share its compiled program (the seeds, and in tuning the
+learning rates), in the suite's order, in batches of the recorded size, with the recorded
+parallelism. Nothing is written; the cell's metrics are compared with its record, value by
+value, exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from fedjax_sel.base import ConfigError
+from fedjax_sel.config import RunConfig
+from fedjax_sel.experiment.loop import program_key
+from fedjax_sel.experiment.run import run_group
+from fedjax_sel.experiment.suite import Store, Suite, cell_metrics
+
+
+def parse_cell(cell: str, suite: Suite) -> tuple[str, str, str]:
+    """``TASK/SCENARIO/STRATEGY`` -> its three names, each checked against the suite."""
+    parts = cell.split("/")
+    if len(parts) != 3 or not all(parts):
+        raise ConfigError(f"--rerun takes TASK/SCENARIO/STRATEGY, got {cell!r}")
+    task, scenario, strategy = parts
+    for name, known, what in (
+        (task, [t.name for t in suite.tasks], "task"),
+        (scenario, [s.name for s in suite.scenarios], "scenario"),
+        (strategy, [e.label for e in suite.strategies], "strategy"),
+    ):
+        if name not in known:
+            raise ConfigError(f"--rerun: {name!r} is not a {what} of the suite ({known})")
+    return task, scenario, strategy
+
+
+def _order(suite: Suite, record: dict[str, Any], grid: list[float]) -> tuple[int, int]:
+    """Where a record's cell stood in the suite's plan (tuning: learning rate, then seed)."""
+    if record["phase"] == "tune":
+        lr = record.get("lr")
+        return (
+            grid.index(lr) if lr in grid else len(grid),
+            suite.tuning.seeds.index(record["seed"])
+            if record["seed"] in suite.tuning.seeds
+            else len(suite.tuning.seeds),
+        )
+    seed = record["seed"]
+    return (0, suite.seeds.index(seed) if seed in suite.seeds else len(suite.seeds))
+
+
+def rerun_cell(
+    suite: Suite,
+    out: str | Path,
+    cell: str,
+    seed: int,
+    *,
+    lr: float | None = None,
+    echo: Callable = print,
+) -> dict[str, Any]:
+    """Reruns the recorded cell ``cell`` (``TASK/SCENARIO/STRATEGY``) of seed ``seed`` (a tuning
+    cell with ``lr``) from ``out``'s records (see the module docstring). Returns ``recorded``
+    and ``rerun`` metrics and ``differs``, the metrics whose values are not identical."""
+    task_name, scenario, strategy = parse_cell(cell, suite)
+    task = next(t for t in suite.tasks if t.name == task_name)
+    path = Path(out) / "per_seed" / f"{task_name}.json"
+    if not path.exists():
+        raise ConfigError(f"--rerun: {str(path)!r} does not exist; run the suite into --out first")
+    store = Store(path)
+    ident = {"phase": "eval" if lr is None else "tune", "scenario": scenario}
+    ident.update(strategy=strategy, seed=seed, lr=lr)
+    record = store.records.get(Store.id(ident))
+    if record is None:
+        same = sorted(
+            Store.id(r)
+            for r in store.records.values()
+            if (r["scenario"], r["strategy"]) == (scenario, strategy)
+        )
+        raise ConfigError(
+            f"--rerun: {str(path)!r} has no record {Store.id(ident)!r}; it has {same or 'none'} "
+            "for that scenario and strategy (a tuning cell needs --lr)"
+        )
+    if "config" not in record:
+        raise ConfigError(
+            f"--rerun: the record {Store.id(ident)!r} predates records that keep their "
+            "configuration and batch; run the suite into a new --out to rerun its cells"
+        )
+    target = RunConfig.from_dict(record["config"])
+    key = program_key(target)
+    group = [
+        r
+        for r in store.records.values()
+        if (r["phase"], r["scenario"], r["strategy"]) == (ident["phase"], scenario, strategy)
+        and "config" in r
+        and program_key(RunConfig.from_dict(r["config"])) == key
+    ]
+    grid = list(task.lr_grid or suite.tuning.lr)
+    group.sort(key=lambda r: _order(suite, r, grid))
+    configs = [
+        RunConfig.from_dict(r["config"]).replace(parallel=r.get("parallel") or target.parallel)
+        for r in group
+    ]
+    size = int(record.get("batch", {}).get("size") or 1)
+    echo(
+        f"rerunning {Store.id(ident)} with its program group ({len(group)} cells, batches of "
+        f"{size}, parallel {configs[0].parallel})"
+    )
+    results = run_group(configs, [None] * len(configs), seeds_together=size, echo=echo)
+    i = next(j for j, r in enumerate(group) if r is record)
+    metrics = cell_metrics(
+        results[i].evals,
+        results[i].summary,
+        configs[i],
+        target=task.target,
+        budgets=task.budgets,
+    )
+    recorded = record["metrics"]
+    differs = sorted(k for k in set(recorded) | set(metrics) if recorded.get(k) != metrics.get(k))
+    return {"cell": Store.id(ident), "recorded": recorded, "rerun": metrics, "differs": differs}
+
+
+def print_rerun(result: dict[str, Any], echo: Callable = print) -> None:
+    """The recorded and rerun metrics side by side, and the verdict."""
+    recorded, rerun = result["recorded"], result["rerun"]
+    names = sorted(set(recorded) | set(rerun))
+    width = max(len(n) for n in names) if names else 6
+    echo(f"{'metric'.ljust(width)}  {'recorded':>22}  {'rerun':>22}")
+    for n in names:
+        mark = "" if n not in result["differs"] else "  differs"
+        echo(f"{n.ljust(width)}  {recorded.get(n)!s:>22}  {rerun.get(n)!s:>22}{mark}")
+    if result["differs"]:
+        echo(f"{result['cell']}: {len(result['differs'])} metric(s) differ from the record")
+    else:
+        echo(f"{result['cell']}: every metric equals its record, bit for bit")
