@@ -89,6 +89,13 @@ def check_claimed_bytes(nbytes: float, what: str) -> None:
         )
 
 
+def check_array_bytes(shape: tuple[int, ...], dtype: np.dtype, what: str) -> None:
+    """Refuses an array of ``shape`` and ``dtype`` (what a file's header claims) that would
+    not fit the free memory, before it is read."""
+    claimed = math.prod(shape) * dtype.itemsize
+    check_claimed_bytes(claimed, f"{what} (shape {shape}, dtype {dtype})")
+
+
 def check_finite(array: Any, what: str) -> None:
     """Refuses NaN or infinite values in a floating-point (or complex) ``array``."""
     a = np.asarray(array)
@@ -120,8 +127,7 @@ def _check_header(shape: tuple[int, ...], dtype: np.dtype, what: str) -> None:
         raise ConfigError(
             f"{what} holds Python objects (dtype {dtype}); only numeric arrays are read"
         )
-    claimed = math.prod(shape) * dtype.itemsize
-    check_claimed_bytes(claimed, f"{what} (shape {shape}, dtype {dtype})")
+    check_array_bytes(shape, dtype, what)
 
 
 def load_npy(path: str | os.PathLike, what: str) -> np.ndarray:

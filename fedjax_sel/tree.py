@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from fedjax_sel.base import Array, Params
+from fedjax_sel.base import Array, Params, PyTree
 
 
 def sq_norm(tree: Params) -> Array:
@@ -53,3 +53,13 @@ def masked_deltas(mask: Array, new: Params, starts: Params) -> Params:
     """Leaf-wise ``new[i] - starts[i]`` where ``mask[i]``, zero elsewhere (``starts`` may hold
     one model with a leading axis of 1)."""
     return jax.tree.map(lambda a, b: jnp.where(row_mask(mask, a), a - b, 0.0), new, starts)
+
+
+def nbytes(tree: PyTree) -> int:
+    """Bytes of a pytree's arrays (or of their ``jax.ShapeDtypeStruct``s: sizes only, e.g. from
+    ``jax.eval_shape``); typed PRNG keys, whose size is the implementation's, count nothing."""
+    return sum(
+        x.size * x.dtype.itemsize
+        for x in jax.tree.leaves(tree)
+        if not jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+    )

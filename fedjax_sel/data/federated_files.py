@@ -24,7 +24,6 @@ final arrays. Nothing is unpickled or evaluated.
 from __future__ import annotations
 
 import json
-import math
 import os
 import sqlite3
 import urllib.parse
@@ -37,7 +36,7 @@ import numpy as np
 
 from fedjax_sel.base import ConfigError
 from fedjax_sel.data.loaders import DATA_DIR_ENV
-from fedjax_sel.input_checks import check_claimed_bytes, check_finite
+from fedjax_sel.input_checks import check_array_bytes, check_finite
 
 
 class ClientExamples(NamedTuple):
@@ -127,11 +126,11 @@ def read_leaf_folder(
                 f"'user_data' (got keys {sorted(data)[:6] if isinstance(data, dict) else []})"
             )
         users, user_data = data["users"], data["user_data"]
-        counts = data.get("num_samples", [None] * len(users) if isinstance(users, list) else [])
         if not (isinstance(users, list) and isinstance(user_data, dict)):
             raise ConfigError(
                 f"LEAF file {str(f)!r}: 'users' must be a list and 'user_data' an object"
             )
+        counts = data.get("num_samples", [None] * len(users))
         if not isinstance(counts, list) or len(counts) != len(users):
             raise ConfigError(
                 f"LEAF file {str(f)!r}: {len(users)} users but num_samples {str(counts)[:40]}"
@@ -153,9 +152,9 @@ def read_leaf_folder(
                 raise ConfigError(f"{where}: the user appears in two files of {str(folder)!r}")
             try:
                 examples = convert(entry["x"], entry["y"], where)
+            except ConfigError:
+                raise
             except (TypeError, ValueError) as e:
-                if isinstance(e, ConfigError):
-                    raise
                 raise ConfigError(f"{where}: examples of an unexpected form ({e})") from None
             check_finite(examples.x, f"{where}: x")
             check_finite(examples.y, f"{where}: y")
@@ -231,9 +230,7 @@ def iter_tff_clients(
 
 def _read_dataset(dataset: Any, where: str) -> np.ndarray:
     """An HDF5 dataset's array, the size its header claims checked against memory first."""
-    shape, dtype = tuple(dataset.shape or ()), dataset.dtype
-    claimed = math.prod(shape) * dtype.itemsize
-    check_claimed_bytes(claimed, f"{where} (shape {shape}, dtype {dtype})")
+    check_array_bytes(tuple(dataset.shape or ()), dataset.dtype, where)
     try:
         return dataset[()]
     except (OSError, ValueError, TypeError) as e:

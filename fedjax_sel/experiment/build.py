@@ -19,6 +19,7 @@ from fedjax_sel.strategies import make_strategy
 from fedjax_sel.training.autotune import resolve_parallel
 from fedjax_sel.training.local import LocalConfig
 from fedjax_sel.training.server import server_spec
+from fedjax_sel.tree import nbytes
 
 
 def load_data_for(config: RunConfig) -> FederatedDataset:
@@ -76,9 +77,8 @@ def build_simulation(
     )
     slots = system_lib.overcommitted(config.per_round, config.overcommit, dataset.num_clients)
     model = model if model is not None else model_for(config, dataset)
-    shapes = jax.eval_shape(model.init, jax.random.key(0))  # sizes only, nothing allocated
-    check_claimed_bytes(
-        sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(shapes)),
+    check_claimed_bytes(  # sizes only (eval_shape): nothing allocated
+        nbytes(jax.eval_shape(model.init, jax.random.key(0))),
         f"the parameters of model {model.name!r} (model_args {config.model_args})",
     )
     local = local_config(config)

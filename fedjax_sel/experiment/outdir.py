@@ -215,6 +215,20 @@ def refuse_conflicts(conflicts: list[tuple[Path, str]], what: str) -> None:
     )
 
 
+def claim(
+    folders: Iterable[tuple[Path, str]], what: str, *, overwrite: bool, echo: Callable
+) -> None:
+    """Makes ``folders`` (``(folder, results_key)`` pairs) free for their configurations: one
+    holding another configuration's results is refused (:func:`refuse_conflicts`), or with
+    ``overwrite`` emptied of them (:func:`clear_results`) and said so."""
+    conflicts = conflicting(folders)
+    if not overwrite:
+        refuse_conflicts(conflicts, what)
+    for folder, why in conflicts:
+        echo(f"--overwrite: {folder} held {why}; recomputing it")
+        clear_results(folder)
+
+
 def clear_results(folder: Path) -> None:
     """Removes a run folder's result files (before ``--overwrite`` recomputes it)."""
     for name in (SUMMARY, METRICS, CHECKPOINT, CONFIG, CURVES, "curves_time.png", "timings.json"):

@@ -14,7 +14,7 @@ value, exactly.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,16 +43,13 @@ def parse_cell(cell: str, suite: Suite) -> tuple[str, str, str]:
 
 def _order(suite: Suite, record: dict[str, Any], grid: list[float]) -> tuple[int, int]:
     """Where a record's cell stood in the suite's plan (tuning: learning rate, then seed)."""
+
+    def position(values: Sequence[Any], value: Any) -> int:
+        return list(values).index(value) if value in values else len(values)
+
     if record["phase"] == "tune":
-        lr = record.get("lr")
-        return (
-            grid.index(lr) if lr in grid else len(grid),
-            suite.tuning.seeds.index(record["seed"])
-            if record["seed"] in suite.tuning.seeds
-            else len(suite.tuning.seeds),
-        )
-    seed = record["seed"]
-    return (0, suite.seeds.index(seed) if seed in suite.seeds else len(suite.seeds))
+        return position(grid, record.get("lr")), position(suite.tuning.seeds, record["seed"])
+    return 0, position(suite.seeds, record["seed"])
 
 
 def rerun_cell(

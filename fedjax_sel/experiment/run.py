@@ -44,13 +44,14 @@ from fedjax_sel.experiment.loop import (
     traced_settings,
     write_config,
 )
-from fedjax_sel.experiment.outdir import clear_results, conflicting, owned, refuse_conflicts
+from fedjax_sel.experiment.outdir import claim, owned
 from fedjax_sel.experiment.outputs import CHECKPOINT, METRICS
 from fedjax_sel.experiment.personalized import run_personalized
 from fedjax_sel.models import Model
 from fedjax_sel.simulation import Simulation
 from fedjax_sel.strategies.registry import traced_values
 from fedjax_sel.training.hparams import HParams
+from fedjax_sel.tree import nbytes
 
 
 class GlobalEngine:
@@ -145,19 +146,11 @@ def _memory_budget() -> float:
         return 4e9
 
 
-def _nbytes(tree: Any) -> int:
-    return sum(
-        x.size * x.dtype.itemsize
-        for x in jax.tree.leaves(tree)
-        if not jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
-    )
-
-
 def member_bytes(config: RunConfig, state: SimState, data_bytes: int) -> int:
     """A rough upper estimate of one seed's memory in a vmapped batch: its state four times
     (inputs, outputs and transients of the chunk), its own data when seeds do not share it, and
     three models per trained slot (parameters, optimizer state, delta)."""
-    return 4 * _nbytes(state) + data_bytes + 3 * config.per_round * _nbytes(state.params)
+    return 4 * nbytes(state) + data_bytes + 3 * config.per_round * nbytes(state.params)
 
 
 def batch_size(
@@ -296,7 +289,7 @@ def _run_group(
             (m.out / METRICS).write_text("")
             (m.out / CHECKPOINT).unlink(missing_ok=True)
         states.append(fresh if restored is None else restored)
-    data_bytes = 0 if shared else _nbytes(datasets[0].train)
+    data_bytes = 0 if shared else nbytes(datasets[0].train)
     size = batch_size(seeds_together, configs[0], states[0], data_bytes, len(members))
     group = _GroupData(sim, datasets, shared)
     choice = None
@@ -371,12 +364,7 @@ def run_experiment(
     config = config.resolve()
     with owned(out, echo):
         if out is not None:
-            conflicts = conflicting([(out, config.results_key())])
-            if conflicts and overwrite:
-                echo(f"--overwrite: {out} held {conflicts[0][1]}; replacing it")
-                clear_results(out)
-            elif conflicts:
-                refuse_conflicts(conflicts, "this run")
+            claim([(out, config.results_key())], "this run", overwrite=overwrite, echo=echo)
         return _run_experiment(config, out, progress, dataset, model, echo, resume, trace_dir)
 
 

@@ -45,8 +45,9 @@ resumed from its checkpoint when killed) and, once finished, a record of its met
 record carries the hash of its configuration and the suite's code version, and (records written
 since these fields exist) the whole configuration (``config``) and how the cell ran: its vmapped
 batch and client parallelism (``batch``, ``parallel``: :func:`cell_execution`); a cell whose record
-matches is never rerun (a suite can be finished over several runs on several machines), one
-whose configuration or version changed is recomputed, never mixed.
+matches is never rerun (a suite can be finished over several runs on several machines), and a
+record of another configuration or version is never mixed in: the suite refuses to replace it
+unless ``overwrite`` (``--overwrite``) is given.
 :mod:`fedjax_sel.experiment.leaderboard` turns the records into ``leaderboard.json/csv/md``,
 ``ranking.json`` and the pictures.
 """
@@ -69,7 +70,7 @@ from fedjax_sel.config import RunConfig, read_config_file
 from fedjax_sel.experiment.compare import higher_is_better
 from fedjax_sel.experiment.outdir import check_distinct_folders, folder_name, owned
 from fedjax_sel.experiment.outputs import CONFIG, read_json, write_json
-from fedjax_sel.experiment.sweep import _slug
+from fedjax_sel.experiment.sweep import _slug, check_together, file_table
 from fedjax_sel.input_checks import seed_list
 
 # Bump when what a cell's record means changes (a metric's definition, the engine's numbers):
@@ -168,10 +169,7 @@ class Suite:
 
 # ----------------------------------------------------------------------------- parsing
 def _table(spec: Mapping[str, Any], key: str) -> dict[str, Any]:
-    value = spec.get(key, {})
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"suite: [{key}] must be a table, got {value!r}")
-    return dict(value)
+    return file_table(spec, key, "suite")
 
 
 def _check_fields(where: str, fields: Mapping[str, Any]) -> None:
@@ -367,10 +365,7 @@ def parse_suite(spec: Mapping[str, Any]) -> Suite:
     fraction = options.get("stable_fraction", 0.1)
     if not (_number(fraction) and 0 < fraction <= 1):
         raise ConfigError(f"suite: stable_fraction must be in (0, 1], got {fraction!r}")
-    together = options.get("seeds_together", "auto")
-    whole = isinstance(together, int) and _number(together)
-    if together != "auto" and not (whole and together >= 1):
-        raise ConfigError(f"suite: seeds_together must be 'auto' or >= 1, got {together!r}")
+    together = check_together(options.get("seeds_together", "auto"), "suite")
     ranking = str(options.get("ranking", "headline"))
     if ranking != "headline" and ranking not in CELL_METRICS:
         raise ConfigError(f"suite: ranking must be 'headline' or one of {list(CELL_METRICS)}")
@@ -608,9 +603,7 @@ def run_suite(
         write_json(out / "suite.json", suite.source)
         together = seeds_together if seeds_together is not None else suite.seeds_together
         tasks = [t for t in suite.tasks if only_tasks is None or t.name in only_tasks]
-        stores = {t.name: Store(out / "per_seed" / f"{t.name}.json") for t in tasks}
-        for store in stores.values():
-            store.overwrite = overwrite
+        stores = {t.name: Store(out / "per_seed" / f"{t.name}.json", overwrite) for t in tasks}
         start = time.perf_counter()
         bar = _Progress(suite, tasks, progress, out)
         try:

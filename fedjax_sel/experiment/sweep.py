@@ -70,15 +70,8 @@ from fedjax_sel.config import RunConfig, read_config_file
 from fedjax_sel.experiment import run as run_lib
 from fedjax_sel.experiment.loop import finished_by_other_code
 from fedjax_sel.experiment.mappings import release_if_crowded
-from fedjax_sel.experiment.outdir import (
-    check_distinct_folders,
-    clear_results,
-    conflicting,
-    folder_name,
-    owned,
-    refuse_conflicts,
-)
-from fedjax_sel.experiment.outputs import write_json
+from fedjax_sel.experiment.outdir import check_distinct_folders, claim, folder_name, owned
+from fedjax_sel.experiment.outputs import SUMMARY, read_json, write_json
 from fedjax_sel.input_checks import seed_list
 
 
@@ -142,7 +135,7 @@ def expand_sweep(spec: Mapping[str, Any], out: str | Path) -> Sweep:
             "(and override)"
         )
     override, options, base, grid = (
-        _table(spec, key) for key in ("override", "sweep", "base", "grid")
+        file_table(spec, key) for key in ("override", "sweep", "base", "grid")
     )
     if not base and not spec.get("strategies"):  # an empty file is no default sweep
         raise ConfigError(
@@ -190,10 +183,7 @@ def expand_sweep(spec: Mapping[str, Any], out: str | Path) -> Sweep:
             f"sweep: the baseline {baseline or labels[0]!r} has a grid of its own; every point "
             "is paired against one baseline, so give it fixed values (or tune it on [grid])"
         )
-    together = options.get("seeds_together", "auto")
-    whole = isinstance(together, int) and not isinstance(together, bool)
-    if together != "auto" and not (whole and together >= 1):
-        raise ConfigError(f"sweep: seeds_together must be 'auto' or >= 1, got {together!r}")
+    together = check_together(options.get("seeds_together", "auto"))
     cells = []
     out = Path(out)
     for point in _points(grid):
@@ -240,12 +230,20 @@ def expand_sweep(spec: Mapping[str, Any], out: str | Path) -> Sweep:
     return Sweep(cells, baseline, together, dict(spec), compare_options, tuning)
 
 
-def _table(spec: Mapping[str, Any], key: str) -> dict[str, Any]:
-    """The ``[key]`` table of a sweep file (empty when absent)."""
+def file_table(spec: Mapping[str, Any], key: str, kind: str = "sweep") -> dict[str, Any]:
+    """The ``[key]`` table of a sweep (or suite: ``kind``) file (empty when absent)."""
     value = spec.get(key, {})
     if not isinstance(value, Mapping):
-        raise ConfigError(f"sweep: [{key}] must be a table, got {value!r}")
+        raise ConfigError(f"{kind}: [{key}] must be a table, got {value!r}")
     return dict(value)
+
+
+def check_together(value: Any, kind: str = "sweep") -> int | str:
+    """A file's ``seeds_together``: ``"auto"`` or a whole number >= 1 (``true`` is none)."""
+    whole = isinstance(value, int) and not isinstance(value, bool)
+    if value != "auto" and not (whole and value >= 1):
+        raise ConfigError(f"{kind}: seeds_together must be 'auto' or >= 1, got {value!r}")
+    return value
 
 
 def grid_axes(grid: Any, where: str) -> dict[str, list]:
@@ -507,13 +505,12 @@ def run_cells(
         else:
             todo.append(i)
             other_code += bool(finished_by_other_code(cell.config, cell.out))
-    conflicts = conflicting((cells[i].out, cells[i].config.results_key()) for i in todo)
-    if overwrite:
-        for folder, why in conflicts:
-            echo(f"--overwrite: {folder} held {why}; recomputing it")
-            clear_results(folder)
-    else:
-        refuse_conflicts(conflicts, f"{len(todo)} cells")
+    claim(
+        [(cells[i].out, cells[i].config.results_key()) for i in todo],
+        f"{len(todo)} cells",
+        overwrite=overwrite,
+        echo=echo,
+    )
     if len(todo) < len(cells):
         echo(f"{len(cells) - len(todo)} of {len(cells)} cells already finished; reusing them")
     if other_code:
@@ -624,11 +621,13 @@ def diverged_cells(out: str | Path) -> list[str]:
     """The cells of the sweep written to ``out`` (its ``sweep.json``) whose run diverged, each
     named ``label (setting) seed S``: the comparison leaves them out and counts them, and
     ``fedjax-sel sweep`` exits with status 3 when there are any (unless ``--allow-diverged``)."""
-    from fedjax_sel.experiment.outputs import SUMMARY, read_json
+    from fedjax_sel.experiment.compare import sweep_cell_folders
 
+    out = Path(out)
     names = []
-    for cell in read_json(Path(out) / "sweep.json").get("cells", []):
-        summary = Path(cell["out"]) / SUMMARY
+    cells = read_json(out / "sweep.json").get("cells", [])
+    for cell, folder in zip(cells, sweep_cell_folders(out) or [], strict=True):
+        summary = folder / SUMMARY
         if summary.exists() and read_json(summary).get("diverged"):
             setting = f" ({cell['setting']})" if cell.get("setting") else ""
             names.append(f"{cell['label']}{setting} seed {cell['seed']}")

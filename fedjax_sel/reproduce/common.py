@@ -334,8 +334,8 @@ def derive_function(name: str) -> Callable[..., dict[str, Any]]:
     known names. The reproduction modules (which register theirs) are loaded first."""
     from fedjax_sel.reproduce import REPRODUCTIONS
 
-    if not isinstance(name, str) or name not in DERIVES:
-        len(REPRODUCTIONS)  # imports the package's own reproduction modules, nothing named by data
+    if isinstance(name, str) and name not in DERIVES:
+        len(REPRODUCTIONS)  # loading the registry imports the package's reproduction modules
     if not isinstance(name, str) or name not in DERIVES:
         raise ConfigError(f"unknown derive {name!r}; known: {', '.join(sorted(DERIVES))}")
     return DERIVES[name]
