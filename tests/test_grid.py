@@ -393,3 +393,18 @@ def test_the_docs_list_every_strategys_traced_hyperparameters():
     }
     registered = {n: traced_hyperparams(n) for n in sorted(STRATEGIES) if traced_hyperparams(n)}
     assert documented == registered
+
+
+def test_nbytes_counts_arrays_and_shapes_but_not_prng_keys():
+    """``tree.nbytes`` (what the batch bound and the parameter-size check measure) equals
+    NumPy's byte count of the same arrays, reads shapes alone from ``jax.eval_shape``, and
+    counts a typed PRNG key as nothing."""
+    import jax
+
+    from fedjax_sel.tree import nbytes
+
+    arrays = {"w": np.zeros((3, 5), np.float32), "n": np.zeros(7, np.int64)}
+    tree = {**arrays, "key": jax.random.key(0)}
+    assert nbytes(tree) == sum(a.nbytes for a in arrays.values()) == 3 * 5 * 4 + 7 * 8
+    shapes = jax.eval_shape(lambda: {"w": jax.numpy.zeros((3, 5)), "key": jax.random.key(1)})
+    assert nbytes(shapes) == 3 * 5 * 4

@@ -251,3 +251,28 @@ def test_a_sweep_compares_its_own_cells_not_what_an_earlier_sweep_left(tmp_path,
     assert main(["compare", str(out), "--metric", "final_accuracy"]) == 0
     printed = capsys.readouterr().out
     assert "uniform" in printed and "full" not in printed
+
+
+def test_results_files_are_written_whole(tmp_path):
+    """``write_atomic`` replaces a file through a temporary one it leaves nowhere;
+    ``csv_text`` reads back through the standard csv module as the rows it was given;
+    ``save_figure`` writes the format its suffix names."""
+    import csv
+    import io
+
+    from fedjax_sel.experiment.outputs import csv_text, save_figure, subplots, write_atomic
+
+    path = tmp_path / "f.md"
+    write_atomic(path, "old")
+    write_atomic(path, b"new\n")
+    assert path.read_bytes() == b"new\n" and sorted(p.name for p in tmp_path.iterdir()) == ["f.md"]
+    rows = [{"strategy": "a,b", "mean": 0.5, "diff": None}, {"strategy": 'q"x', "mean": 1}]
+    back = list(csv.DictReader(io.StringIO(csv_text(rows, ["strategy", "mean", "diff"]))))
+    assert back == [
+        {"strategy": "a,b", "mean": "0.5", "diff": ""},
+        {"strategy": 'q"x', "mean": "1", "diff": ""},
+    ]
+    assert csv_text(rows, []) == ""
+    fig, ax = subplots(1, 1, figsize=(2, 2))
+    ax.plot([0, 1])
+    assert save_figure(fig, tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
