@@ -201,7 +201,10 @@ def _diverged_status(out: Path, allowed: bool) -> int:
 def cmd_suite(a: argparse.Namespace) -> int:
     from fedjax_sel.experiment import leaderboard
     from fedjax_sel.experiment.outdir import owned
-    from fedjax_sel.experiment.suite import parse_suite, run_suite
+    from fedjax_sel.experiment.ray_executor import UnitsFailed
+    from fedjax_sel.experiment.records import merge_parts
+    from fedjax_sel.experiment.suite import parse_suite
+    from fedjax_sel.experiment.suite_run import parse_shard, run_suite
 
     spec = _spec_with_overrides(a, "suite")
     if a.no_tuning:
@@ -220,19 +223,38 @@ def cmd_suite(a: argparse.Namespace) -> int:
         raise ConfigError("--seed and --lr go with --rerun TASK/SCENARIO/STRATEGY")
     if a.rerun is not None:
         return _rerun(suite, out, a)
+    shard = None if a.shard is None else parse_shard(a.shard)
+    if a.report_only and (shard is not None or a.executor != "local"):
+        raise ConfigError("--report-only runs nothing: it takes no --shard or --executor")
     if a.report_only and not out.is_dir():
         raise ConfigError(f"--report-only: {str(out)!r} is not a suite's output folder")
     if not a.report_only:
         together = _seeds_together(a.seeds_together)
-        run_suite(
-            suite,
-            out,
-            seeds_together=together,
-            progress=not a.no_progress,
-            only_tasks=tasks,
-            overwrite=a.overwrite,
+        try:
+            run_suite(
+                suite,
+                out,
+                seeds_together=together,
+                progress=not a.no_progress,
+                only_tasks=tasks,
+                overwrite=a.overwrite,
+                shard=shard,
+                executor=a.executor,
+                job_cpus=a.job_cpus,
+                job_gpus=a.job_gpus,
+                ray_cpus=a.ray_cpus,
+            )
+        except UnitsFailed as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+    if shard is not None:
+        print(
+            f"shard {a.shard} recorded in {out}/parts/; once every shard has run: "
+            f"fedjax-sel suite {a.file} --out {out} --report-only"
         )
+        return 0
     with owned(out, _echo):  # the leaderboard's files have one writer too
+        merge_parts(out, overwrite=a.overwrite, echo=_echo)
         leaderboard.write(suite, out)
     return 0
 
@@ -574,7 +596,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--report-only",
         action="store_true",
-        help="run nothing: rebuild the leaderboard from the per-seed records in --out",
+        help="run nothing: merge the shards' records (OUT/parts/) and rebuild the leaderboard "
+        "from the per-seed records in --out",
+    )
+    p.add_argument(
+        "--shard",
+        default=None,
+        metavar="I/N",
+        help="run the I-th of N deterministic shares of the jobs (a strategy on a task) into "
+        "OUT/parts/ (a SLURM array; shards may share --out); merge with --report-only",
+    )
+    p.add_argument(
+        "--executor",
+        default="local",
+        metavar="local|ray|ray:ADDRESS",
+        help="where the cells run: here (default), or on Ray (RAY_ADDRESS's cluster, ADDRESS's, "
+        "else a local one); pip install 'fedjax-sel[ray]'",
+    )
+    p.add_argument(
+        "--job-cpus", type=float, default=1.0, help="CPUs each Ray task declares (default 1)"
+    )
+    p.add_argument(
+        "--job-gpus",
+        type=float,
+        default=None,
+        help="GPUs each Ray task declares (default: 1 where the cluster has GPUs, else 0)",
+    )
+    p.add_argument(
+        "--ray-cpus", type=int, default=None, help="CPUs of a local Ray cluster (default: all)"
     )
     p.add_argument(
         "--rerun",

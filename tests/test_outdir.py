@@ -17,7 +17,7 @@ from test_experiment import small as experiment_small
 from fedjax_sel.base import ConfigError
 from fedjax_sel.cli import main
 from fedjax_sel.config import RunConfig
-from fedjax_sel.experiment import run_experiment, run_sweep
+from fedjax_sel.experiment import run_experiment, run_sweep, suite_run
 from fedjax_sel.experiment import suite as suite_lib
 from fedjax_sel.experiment.outdir import LOCK, Lock, check_distinct_folders, folder_name
 from fedjax_sel.experiment.sweep import expand_sweep
@@ -199,7 +199,7 @@ def test_a_suite_record_of_another_configuration_is_not_replaced(tmp_path):
     planned = [suite_lib.Planned(ident, config, tmp_path / "runs" / "c", None)]
     # refused before anything runs (a run would need the task, which is None here)
     with pytest.raises(ConfigError, match="holds records of another configuration for 1 cell"):
-        suite_lib._run_cells(planned, store, 1, suite_lib._Progress(None, [], False), quiet)
+        suite_run._run_cells(planned, store, 1, suite_run._Progress(None, [], False), quiet)
     assert store.records["eval/ideal/uniform/1"]["key"] == "old"
 
 

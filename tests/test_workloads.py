@@ -72,6 +72,8 @@ def test_the_mnist_recipe_runs_on_the_real_file_and_projects_its_schedule(data_d
     assert row["projected_total_s"] == pytest.approx(
         row["compile_s"] + 100 * row["seconds_per_round"]
     )
+    # end to end covers the compile and the three rounds, and more (data, evaluations)
+    assert row["wall_s"] >= row["compile_s"] + 3 * row["seconds_per_round"] - 0.01
     assert row["peak_memory_bytes"] > 0 and row["machine"]["backend"]
     assert row["peak_memory_gib"] == round(row["peak_memory_bytes"] / 2**30, 2)
     assert row["eval_examples"] == 10_000  # MNIST's whole test set

@@ -23,7 +23,8 @@ from fedjax_sel.experiment.outputs import (
     write_json,
 )
 from fedjax_sel.experiment.run import run_experiment, run_group
-from fedjax_sel.experiment.suite import load_suite, parse_suite, run_suite
+from fedjax_sel.experiment.suite import load_suite, parse_suite
+from fedjax_sel.experiment.suite_run import run_suite
 from fedjax_sel.experiment.sweep import (
     Cell,
     Sweep,

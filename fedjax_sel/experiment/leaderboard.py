@@ -38,13 +38,8 @@ from fedjax_sel.experiment.outputs import (
     write_atomic,
     write_json,
 )
-from fedjax_sel.experiment.suite import (
-    CELL_METRICS,
-    INVOCATIONS,
-    SUITE_VERSION,
-    Store,
-    Suite,
-)
+from fedjax_sel.experiment.records import INVOCATIONS, Store
+from fedjax_sel.experiment.suite import CELL_METRICS, SUITE_VERSION, Suite
 
 LEVEL = 0.95
 BOOTSTRAP = 2000
@@ -609,6 +604,56 @@ def _setup_tables(suite: Suite) -> list[str]:
     return lines
 
 
+def cluster_section(suite_file: str, results: str) -> list[str]:
+    """The page's "On a cluster" section: Ray and shards, each with a worked example."""
+    return [
+        "### On a cluster",
+        "",
+        "The cells are independent, so the suite spreads over machines two ways, with the same "
+        "records either way (a cell's record holds its batch, so whichever machine ran it, the "
+        "same kind of machine gives the same bytes; a test runs a tiny suite here, on a local "
+        "Ray of 2 CPUs and in two shards, and compares the files).",
+        "",
+        "**On Ray** (`pip install 'fedjax-sel[ray]'`): `--executor ray` sends each unit of work "
+        "(one compiled program: a strategy's tuning grid on a task, or its evaluation seeds in "
+        "one scenario) to Ray as a task that declares its resources (`--job-cpus`, default 1; "
+        "one GPU where the cluster has GPUs, or `--job-gpus`); a strategy's evaluations go out "
+        "once its tuning is back. Without `RAY_ADDRESS` or `--executor ray:ADDRESS` it starts a "
+        "local cluster (`--ray-cpus N`), so the same command works on a laptop. Workers record "
+        "their cells in parts of their own (`OUT/parts/`), the driver merges them into "
+        "`per_seed/` atomically: a killed driver loses no finished unit and a rerun picks up "
+        "where it stopped. Ray retries a unit once; one that fails twice is listed with its "
+        "error (exit 1). One bar counts cells, with the cluster's throughput. On a cluster, "
+        "every node needs this package (the same version) and `--out` on a shared file system:",
+        "",
+        "```bash",
+        "ray start --head --port 6379                    # on the head node",
+        "ray start --address HEAD:6379                   # on every other node",
+        f"fedjax-sel suite {suite_file} --out /shared/cpu --executor ray:HEAD:6379",
+        "```",
+        "",
+        "**In shards** (a batch scheduler, or machines without Ray): `--shard I/N` runs the "
+        "`I`-th of `N` deterministic shares of the jobs (a job is one strategy on one task: its "
+        "tuning and the evaluations at the lr it chose) into `OUT/parts/shard-I-of-N/`. Shards "
+        "may share one `--out` (each holds the folder's lock shared and its part's "
+        "exclusively; a whole-suite run or a merge waits for them), or run apart and have "
+        "their `parts/` copied into one folder. `--report-only` merges the parts into "
+        "`per_seed/` (refusing a record that would replace another configuration's) and "
+        "writes the leaderboard. A SLURM array:",
+        "",
+        "```bash",
+        "#!/bin/bash",
+        "#SBATCH --array=1-8 --cpus-per-task=2 --time=04:00:00",
+        f"fedjax-sel suite {suite_file} --out /shared/cpu --shard $SLURM_ARRAY_TASK_ID/8 "
+        "--no-progress",
+        "```",
+        "",
+        "then, once all eight have finished (`sbatch --dependency=afterok:JOBID`), "
+        f"`fedjax-sel suite {suite_file} --out /shared/cpu --report-only`.",
+        "",
+    ]
+
+
 def docs_page(doc: Mapping[str, Any], suite: Suite, suite_file: str, results: str) -> str:
     """``docs/benchmark.md``: the setup, the method and the leaderboard of the committed
     results in ``results`` (a path relative to ``docs/``'s parent)."""
@@ -650,6 +695,7 @@ def docs_page(doc: Mapping[str, Any], suite: Suite, suite_file: str, results: st
         "S` (a tuning cell: `--lr X`) runs the cell again and compares every metric with its "
         "record (exit 0 when identical); the committed records predate this and lack them.",
         "",
+        *cluster_section(suite_file, results),
         f"Committed results: `{results}/` (`leaderboard.json`, `.csv`, `.md`, `ranking.json`, "
         "the pictures, and `per_seed/<task>.json`, every cell's metrics, from which everything "
         f"here is computed). Wall time {wall / 3600:.2f} h over {len(runs)} invocation(s) on "

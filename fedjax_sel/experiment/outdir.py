@@ -113,10 +113,16 @@ class Lock:
     """An exclusive lock on an output folder (see the module docstring): ``fcntl.flock`` on
     :data:`LOCK`, which the kernel drops when the holder's process ends, however it ends; the
     file names the holder while it is held. The file itself stays (removing it would let a
-    second writer lock a new file while a third still holds the old one)."""
+    second writer lock a new file while a third still holds the old one).
 
-    def __init__(self, out: str | Path, echo: Callable | None = print):
+    ``shared``: a shared lock instead, which several holders take together (the shards of a
+    suite, each writing only its own part, :mod:`.records`) and which keeps out every
+    exclusive holder (a whole suite, a merge) while any is held. Shared holders are not named
+    in the file; each names itself in the exclusive lock of its part."""
+
+    def __init__(self, out: str | Path, echo: Callable | None = print, *, shared: bool = False):
         out = Path(out)
+        self.shared = shared
         self.created = not out.exists()  # a folder made for a run that fails at once goes
         if out.exists() and not out.is_dir():
             raise ConfigError(f"--out {str(out)!r} is a file, not a folder; name a folder")
@@ -129,15 +135,19 @@ class Lock:
             ) from None
         self.path = out / LOCK
         try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(self.fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except OSError:
             holder = _read_holder(self.fd)
             os.close(self.fd)
-            who = describe_holder(holder) if holder else "another process"
+            who = describe_holder(holder) if holder else _shard_holders(out)
             raise ConfigError(
                 f"{str(out)!r} is being written by {who}: wait for it to finish, or choose "
                 "another --out"
             ) from None
+        if shared:  # a record left here is a killed exclusive holder's: no exclusive holder now
+            with contextlib.suppress(OSError):
+                os.ftruncate(self.fd, 0)
+            return
         previous = _read_holder(self.fd)
         if previous and echo is not None:  # held, never released: its process was killed
             echo(f"{out}: taking over the lock of {describe_holder(previous)}, which has ended")
@@ -152,7 +162,8 @@ class Lock:
         if self.fd < 0:
             return
         with contextlib.suppress(OSError):
-            os.ftruncate(self.fd, 0)
+            if not self.shared:
+                os.ftruncate(self.fd, 0)
             if self.created and [p.name for p in self.path.parent.iterdir()] == [LOCK]:
                 self.path.unlink()
                 self.path.parent.rmdir()
@@ -160,14 +171,30 @@ class Lock:
         self.fd = -1
 
 
+def _shard_holders(out: Path) -> str:
+    """Who holds ``out`` in shared mode: the shards named by their parts' locks."""
+    names = []
+    for path in sorted(out.glob(f"parts/*/{LOCK}")):
+        try:
+            holder = json.loads(path.read_text() or "{}")
+        except (OSError, ValueError):
+            holder = {}
+        if holder:
+            names.append(f"{path.parent.name} ({describe_holder(holder)})")
+    return "shards " + "; ".join(names) if names else "another process"
+
+
 @contextlib.contextmanager
-def owned(out: str | Path | None, echo: Callable | None = print) -> Iterator[Lock | None]:
+def owned(
+    out: str | Path | None, echo: Callable | None = print, *, shared: bool = False
+) -> Iterator[Lock | None]:
     """Holds ``out``'s lock for the ``with`` block (nothing when ``out`` is ``None``, or in a
-    process other than the first of a multi-process run, which writes nothing)."""
+    process other than the first of a multi-process run, which writes nothing); ``shared``:
+    :class:`Lock`'s shared mode."""
     if out is None or not is_primary():
         yield None
         return
-    lock = Lock(out, echo)
+    lock = Lock(out, echo, shared=shared)
     try:
         yield lock
     finally:

@@ -2,7 +2,7 @@
 TASK/SCENARIO/STRATEGY --seed S``), to check that its record is what the code computes.
 
 A per-seed record holds the cell's whole configuration, its batch (the members vmapped with it)
-and the client parallelism it ran with (:func:`fedjax_sel.experiment.suite.cell_execution`).
+and the client parallelism it ran with (:func:`fedjax_sel.experiment.records.cell_execution`).
 A run's last float bits can depend on its batch and on the data of the members it ran beside
 (the batch is padded to the largest of them, and XLA's reductions take the batch's shape), so
 the rerun runs the cell's whole program group again as the suite ran it: the records of the
@@ -21,8 +21,9 @@ from typing import Any
 from fedjax_sel.base import ConfigError
 from fedjax_sel.config import RunConfig
 from fedjax_sel.experiment.loop import program_key
+from fedjax_sel.experiment.records import Store
 from fedjax_sel.experiment.run import run_group
-from fedjax_sel.experiment.suite import Store, Suite, cell_metrics
+from fedjax_sel.experiment.suite import Suite, cell_metrics
 
 
 def parse_cell(cell: str, suite: Suite) -> tuple[str, str, str]:

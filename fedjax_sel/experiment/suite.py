@@ -44,12 +44,17 @@ resumed from its checkpoint when killed) and, once finished, a record of its met
 ``OUT/per_seed/<task>.json``: the committed per-seed values every statistic is computed from. A
 record carries the hash of its configuration and the suite's code version, and (records written
 since these fields exist) the whole configuration (``config``) and how the cell ran: its vmapped
-batch and client parallelism (``batch``, ``parallel``: :func:`cell_execution`); a cell whose record
-matches is never rerun (a suite can be finished over several runs on several machines), and a
-record of another configuration or version is never mixed in: the suite refuses to replace it
-unless ``overwrite`` (``--overwrite``) is given.
-:mod:`fedjax_sel.experiment.leaderboard` turns the records into ``leaderboard.json/csv/md``,
-``ranking.json`` and the pictures.
+batch and client parallelism (``batch``, ``parallel``: :func:`~.records.cell_execution`); a cell
+whose record matches is never rerun (a suite can be finished over several runs on several
+machines), and a record of another configuration or version is never mixed in: the suite refuses
+to replace it unless ``overwrite`` (``--overwrite``) is given.
+
+This module reads suite files and defines the cells and units of work (a strategy's tuning
+grid, its evaluation seeds in a scenario: one compiled program each);
+:mod:`fedjax_sel.experiment.suite_run` runs them (in this process, as a shard, or on Ray:
+:mod:`fedjax_sel.experiment.ray_executor`), :mod:`fedjax_sel.experiment.records` keeps and
+merges their records, and :mod:`fedjax_sel.experiment.leaderboard` turns the records into
+``leaderboard.json/csv/md``, ``ranking.json`` and the pictures.
 """
 
 from __future__ import annotations
@@ -58,8 +63,7 @@ import dataclasses
 import hashlib
 import json
 import math
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -68,8 +72,8 @@ import numpy as np
 from fedjax_sel.base import ConfigError
 from fedjax_sel.config import RunConfig, read_config_file
 from fedjax_sel.experiment.compare import higher_is_better
-from fedjax_sel.experiment.outdir import check_distinct_folders, folder_name, owned
-from fedjax_sel.experiment.outputs import CONFIG, read_json, write_json
+from fedjax_sel.experiment.outdir import check_distinct_folders, folder_name
+from fedjax_sel.experiment.records import Store
 from fedjax_sel.experiment.sweep import _slug, check_together, file_table
 from fedjax_sel.input_checks import seed_list
 
@@ -520,53 +524,7 @@ def deadline_for(suite: Suite, task: Task, scenario: Scenario, draws: int = 4000
     return float(np.round(np.quantile(lengths, scenario.deadline_quantile), 1))
 
 
-# ----------------------------------------------------------------------------- the store
-class Store:
-    """The per-seed records of one task (``OUT/per_seed/<task>.json``): finished cells'
-    metrics, keyed by phase (``eval`` or ``tune``), scenario, strategy, seed (and lr)."""
-
-    def __init__(self, path: Path, overwrite: bool = False):
-        self.path = path
-        self.overwrite = overwrite  # may records of another configuration be replaced
-        self.records: dict[str, dict[str, Any]] = {}
-        self.meta: dict[str, Any] = {}
-        if path.exists():
-            data = read_json(path)
-            self.meta = dict(data.get("meta", {}))
-            for r in data.get("cells", []):
-                self.records[self.id(r)] = r
-
-    @staticmethod
-    def id(r: Mapping[str, Any]) -> str:
-        lr = "" if r.get("lr") is None else f"/lr={r['lr']:g}"
-        return f"{r['phase']}/{r['scenario']}/{r['strategy']}/{r['seed']}{lr}"
-
-    def get(self, ident: Mapping[str, Any], key: str) -> dict[str, Any] | None:
-        r = self.records.get(self.id(ident))
-        return r if r is not None and r.get("key") == key else None
-
-    def put(self, record: dict[str, Any]) -> None:
-        self.records[self.id(record)] = record
-
-    def conflicts(self, planned: Sequence[tuple[Mapping[str, Any], str]]) -> list[str]:
-        """The ids among ``(ident, key)`` pairs whose record holds another configuration's
-        results (another key): running them would replace a finished result."""
-        out = []
-        for ident, key in planned:
-            r = self.records.get(self.id(ident))
-            if r is not None and r.get("key") != key:
-                out.append(self.id(ident))
-        return out
-
-    def save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        cells = sorted(
-            self.records.values(),
-            key=lambda r: (r["phase"], r["scenario"], r["strategy"], r.get("lr") or 0.0, r["seed"]),
-        )
-        write_json(self.path, {"meta": self.meta, "cells": cells})
-
-
+# ----------------------------------------------------------------------------- units of work
 @dataclasses.dataclass
 class Planned:
     """A cell to run or reuse."""
@@ -578,287 +536,14 @@ class Planned:
     together: int | None = None  # the strategy's own seeds per batch
 
 
-def run_suite(
-    suite: Suite | Mapping[str, Any] | str | Path,
-    out: str | Path,
-    *,
-    seeds_together: int | str | None = None,
-    progress: bool = True,
-    echo: Callable = print,
-    only_tasks: Sequence[str] | None = None,
-    overwrite: bool = False,
-) -> float:
-    """Runs (or resumes) a suite into ``out``: every cell without a matching record runs and is
-    recorded in ``out/per_seed/``. Returns the wall seconds;
-    :func:`fedjax_sel.experiment.leaderboard.write` turns the records into the leaderboard.
-
-    ``out`` is locked while the suite writes (:mod:`.outdir`); a cell whose record or folder
-    holds another configuration's results is refused before it runs, unless ``overwrite``."""
-    if isinstance(suite, Mapping):
-        suite = parse_suite(suite)
-    elif not isinstance(suite, Suite):
-        suite = load_suite(suite)
-    out = Path(out)
-    with owned(out, echo):
-        write_json(out / "suite.json", suite.source)
-        together = seeds_together if seeds_together is not None else suite.seeds_together
-        tasks = [t for t in suite.tasks if only_tasks is None or t.name in only_tasks]
-        stores = {t.name: Store(out / "per_seed" / f"{t.name}.json", overwrite) for t in tasks}
-        start = time.perf_counter()
-        bar = _Progress(suite, tasks, progress, out)
-        try:
-            for task in tasks:
-                _run_task(suite, task, stores[task.name], out, together, bar, echo)
-        finally:
-            bar.close()
-        return time.perf_counter() - start
-
-
-class _Progress:
-    """One bar over the whole suite (rounds of every cell not yet recorded), with the time
-    left; cells found finished are counted as done. It also keeps this invocation's entry in
-    ``OUT/invocations.json`` (machine, wall seconds so far, cells run), rewritten whenever
-    cells are recorded, so a killed suite leaves its wall time behind too."""
-
-    def __init__(
-        self,
-        suite: Suite,
-        tasks: list[Task],
-        show: bool,
-        out: Path | None = None,
-    ):
-        self.bar = None
-        self.start = time.perf_counter()
-        self.path = None if out is None else out / INVOCATIONS
-        self.entries = read_json(self.path) if self.path is not None and self.path.exists() else []
-        self.entry = {
-            **machine_info(),
-            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "wall_seconds": 0.0,
-            "cells_run": 0,
-        }
-        self.entries.append(self.entry)
-        if not show:
-            return
-        from tqdm.auto import tqdm
-
-        total = 0
-        by_name = {s.name: s for s in suite.scenarios}
-        for task in tasks:
-            tuned = set()
-            for scenario in suite.scenarios:
-                for e in suite.strategies:
-                    if e.reason(task.name, scenario.name) is not None:
-                        continue
-                    total += _rounds(suite, task, scenario, e) * len(suite.seeds)
-                    tuned.add((suite.tuning_scenario(scenario.name), e.label))
-            if suite.tuning.enabled:
-                points = len(suite.tuning.seeds) * len(task.lr_grid or suite.tuning.lr)
-                entries = {e.label: e for e in suite.strategies}
-                total += sum(
-                    _rounds(suite, task, by_name[s], entries[label]) * points for s, label in tuned
-                )
-        self.bar = tqdm(total=total, desc=f"suite {suite.name}", unit="round")
-
-    def update(self, n: int) -> None:
-        if self.bar is not None:
-            self.bar.update(n)
-
-    def recorded(self, cells: int) -> None:
-        """``cells`` were run and recorded: the invocation's entry is brought up to date."""
-        self.entry["cells_run"] += cells
-        self.entry["wall_seconds"] = round(time.perf_counter() - self.start, 1)
-        if self.path is not None and self.entry["cells_run"] > 0:
-            write_json(self.path, self.entries)
-
-    def close(self) -> None:
-        self.recorded(0)
-        if self.bar is not None:
-            self.bar.close()
-
-
-INVOCATIONS = "invocations.json"
-
-
-def _rounds(suite: Suite, task: Task, scenario: Scenario, entry: Entry) -> int:
-    fields = {**task.fields, **scenario.fields, **entry.fields, **suite.override}
-    return int(fields.get("rounds", RunConfig.rounds))
-
-
-def machine_info() -> dict[str, Any]:
-    """The machine a suite runs on (a suite finished over several runs lists each)."""
-    import os
-    import platform
-
-    import jax
-
-    cpu = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(
-                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu
-            )
-    except OSError:
-        pass
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "backend": jax.default_backend(),
-        "devices": [str(d) for d in jax.devices()],
-        "jax_version": jax.__version__,
-    }
-
-
-def cell_execution(out_dir: Path | None) -> dict[str, Any]:
-    """How a finished cell ran, from its folder's ``config.json``, for its record (a run's last
-    bits can depend on both, :mod:`.batching`): ``batch``, the members vmapped with it
-    (``seeds``; ``hparams`` too where grid points shared the batch), the batch ``size``, the
-    memory ``bound`` and how the size was chosen (``chosen_by``: ``measured``, ``memory``,
-    ``given`` by ``seeds_together``, or ``alone`` for a program of one cell); ``parallel``, the
-    client parallelism it ran with (``auto`` resolved). Rerun with the same members together
-    and this parallelism, a cell gives its record's metrics again. The measurement's timings
-    are left out: they change from run to run, the choice (cached per machine) does not."""
-    if out_dir is None or not (Path(out_dir) / CONFIG).exists():
-        return {}
-    info = read_json(Path(out_dir) / CONFIG)
-    batch: dict[str, Any] = {"seeds": info.get("seeds_vmapped")}
-    if "hparams_vmapped" in info:
-        batch["hparams"] = info["hparams_vmapped"]
-    choice = info.get("batch_choice")
-    if choice is None:
-        batch.update(size=1, chosen_by="alone")
-    else:
-        chosen_by = {"cache": "measured"}.get(choice["source"], choice["source"])
-        batch.update(size=choice["size"], bound=choice["bound"], chosen_by=chosen_by)
-    return {"batch": batch, "parallel": info.get("config", {}).get("parallel")}
-
-
-def _run_cells(
-    planned: list[Planned], store: Store, together, bar: _Progress, echo: Callable
-) -> None:
-    """Runs the planned cells that have no matching record, one compiled program (a
-    strategy's seeds) at a time, and records each program's cells as soon as they finish."""
-    from fedjax_sel.experiment import sweep as sweep_lib
-    from fedjax_sel.experiment.loop import program_key
-
-    groups: dict[str, list[Planned]] = {}
-    for p in planned:
-        if store.get(p.ident, cell_key(p.config)) is not None:
-            bar.update(p.config.rounds)
-        else:
-            groups.setdefault(program_key(p.config), []).append(p)
-    stale = store.conflicts([(p.ident, cell_key(p.config)) for g in groups.values() for p in g])
-    if stale and not store.overwrite:
-        more = f" (and {len(stale) - 3} more)" if len(stale) > 3 else ""
-        raise ConfigError(
-            f"{store.path} holds records of another configuration for {len(stale)} cell(s) "
-            f"about to run ({', '.join(stale[:3])}{more}): running them would replace finished "
-            "results. Choose another --out, or pass --overwrite to replace them"
-        )
-    for todo in groups.values():
-        cells = [
-            sweep_lib.Cell(p.config, p.out, p.ident["strategy"], p.ident["scenario"]) for p in todo
-        ]
-        results = sweep_lib.run_cells(
-            cells,
-            overwrite=store.overwrite,
-            seeds_together=todo[0].together or together,
-            progress=False,
-            echo=echo,
-            bar=bar.bar,
-        )
-        for p, r in zip(todo, results, strict=True):
-            store.put(
-                {
-                    **p.ident,
-                    "key": cell_key(p.config),
-                    "suite_version": SUITE_VERSION,
-                    "diverged": bool(r.summary.get("diverged", False)),
-                    "rounds": int(r.summary.get("rounds_completed", p.config.rounds)),
-                    "metrics": cell_metrics(
-                        r.evals, r.summary, p.config, target=p.task.target, budgets=p.task.budgets
-                    ),
-                    "config": p.config.to_dict(),
-                    **cell_execution(r.out_dir),
-                }
-            )
-        store.save()
-        bar.recorded(len(todo))
-
-
-def _run_task(
-    suite: Suite, task: Task, store: Store, out: Path, together, bar: _Progress, echo: Callable
-) -> None:
-    deadlines: dict[str, float] = {}
-    for scenario in suite.scenarios:
-        if scenario.deadline_quantile is not None:
-            deadlines[scenario.name] = deadline_for(suite, task, scenario)
-            echo(
-                f"{task.name}/{scenario.name}: deadline {deadlines[scenario.name]:g} s, the "
-                f"{scenario.deadline_quantile:g} quantile of a uniform round's length"
-            )
-    store.meta.update(
-        task=task.name,
-        deadlines=deadlines,
-        suite_version=SUITE_VERSION,
-    )
-    chosen: dict[tuple[str, str], float | None] = {}
-    by_name = {s.name: s for s in suite.scenarios}
-    for scenario in suite.scenarios:
-        tune_in = by_name[suite.tuning_scenario(scenario.name)]
-        for entry in suite.strategies:
-            if entry.reason(task.name, scenario.name) is not None:
-                continue
-            key = (tune_in.name, entry.label)
-            if key not in chosen:
-                chosen[key] = _tune(
-                    suite,
-                    task,
-                    tune_in,
-                    entry,
-                    store,
-                    out,
-                    together,
-                    bar,
-                    echo,
-                    deadlines.get(tune_in.name),
-                )
-        planned = []
-        for entry in suite.strategies:
-            if entry.reason(task.name, scenario.name) is not None:
-                continue
-            for seed in suite.seeds:
-                config = cell_config(
-                    suite,
-                    task,
-                    scenario,
-                    entry,
-                    seed=seed,
-                    lr=chosen[(tune_in.name, entry.label)],
-                    deadline=deadlines.get(scenario.name),
-                )
-                ident = {
-                    "phase": "eval",
-                    "scenario": scenario.name,
-                    "strategy": entry.label,
-                    "seed": seed,
-                }
-                where = out / "runs" / _slug(task.name) / _slug(scenario.name) / _slug(entry.label)
-                planned.append(
-                    Planned(ident, config, where / f"seed{seed}", task, entry.seeds_together)
-                )
-        _run_cells(planned, store, together, bar, echo)
-    store.meta["tuned_lr"] = {f"{s}/{label}": lr for (s, label), lr in chosen.items()}
-    store.save()
-
-
-def _tune(suite, task, scenario, entry, store, out, together, bar, echo, deadline) -> float | None:
-    """The client learning rate of ``entry`` on ``task``: the grid point with the best mean
-    tuning metric over the tuning seeds (ties: the first in grid order); ``None`` without
-    tuning (the task's own lr)."""
+def tuning_cells(
+    suite: Suite, task: Task, scenario: Scenario, entry: Entry, out: Path, deadline: float | None
+) -> list[Planned]:
+    """The tuning cells of ``entry`` on ``task`` in ``scenario``: every grid point on every
+    tuning seed, one compiled program (the grid points are traced). Empty without tuning."""
     grid = task.lr_grid or suite.tuning.lr
     if not suite.tuning.enabled or not grid:
-        return None
+        return []
     planned = []
     for lr in grid:
         for seed in suite.tuning.seeds:
@@ -881,8 +566,49 @@ def _tune(suite, task, scenario, entry, store, out, together, bar, echo, deadlin
                 / f"seed{seed}"
             )
             planned.append(Planned(ident, config, where, task, entry.seeds_together))
-    _run_cells(planned, store, together, bar, echo)
-    return choose_lr(store, scenario.name, entry.label, grid, suite.tuning)
+    return planned
+
+
+def eval_cells(
+    suite: Suite,
+    task: Task,
+    scenario: Scenario,
+    entry: Entry,
+    out: Path,
+    lr: float | None,
+    deadline: float | None,
+) -> list[Planned]:
+    """The evaluation cells of ``entry`` on ``task`` in ``scenario`` at the tuned ``lr``
+    (``None``: the task's own): one per evaluation seed, one compiled program."""
+    planned = []
+    where = out / "runs" / _slug(task.name) / _slug(scenario.name) / _slug(entry.label)
+    for seed in suite.seeds:
+        config = cell_config(suite, task, scenario, entry, seed=seed, lr=lr, deadline=deadline)
+        ident = {"phase": "eval", "scenario": scenario.name, "strategy": entry.label, "seed": seed}
+        planned.append(Planned(ident, config, where / f"seed{seed}", task, entry.seeds_together))
+    return planned
+
+
+def jobs(suite: Suite, tasks: Sequence[Task]) -> list[tuple[Task, Entry]]:
+    """The suite's jobs in file order: each strategy on each task where it runs somewhere.
+    A job keeps a strategy's tuning and the evaluations that use it together, so it is the
+    unit a shard takes (:func:`fedjax_sel.experiment.records.shard_share`)."""
+    return [
+        (task, entry)
+        for task in tasks
+        for entry in suite.strategies
+        if any(entry.reason(task.name, s.name) is None for s in suite.scenarios)
+    ]
+
+
+def tuned_scenarios(suite: Suite, task: Task, entry: Entry) -> dict[str, list[Scenario]]:
+    """The scenarios ``entry`` is tuned in on ``task``, each with the scenarios evaluated at
+    its tuned lr, in file order."""
+    out: dict[str, list[Scenario]] = {}
+    for scenario in suite.scenarios:
+        if entry.reason(task.name, scenario.name) is None:
+            out.setdefault(suite.tuning_scenario(scenario.name), []).append(scenario)
+    return out
 
 
 def choose_lr(
@@ -895,19 +621,20 @@ def choose_lr(
     for lr in grid:
         values = []
         for seed in tuning.seeds:
-            r = store.records.get(
-                Store.id(
-                    {
-                        "phase": "tune",
-                        "scenario": scenario,
-                        "strategy": label,
-                        "seed": seed,
-                        "lr": lr,
-                    }
-                )
+            r = store.lookup(
+                {"phase": "tune", "scenario": scenario, "strategy": label, "seed": seed, "lr": lr}
             )
             v = None if r is None or r.get("diverged") else r["metrics"].get(tuning.metric)
             values.append(-math.inf if v is None and better else math.inf if v is None else v)
         scores.append(float(np.mean(values)))
     best = int(np.argmax(scores) if better else np.argmin(scores))
     return float(grid[best])
+
+
+def tuned_lr(suite: Suite, task: Task, scenario: Scenario, entry: Entry, store: Store):
+    """``entry``'s chosen lr on ``task`` from its tuning records in ``scenario`` (``None``
+    without tuning: the task's own lr)."""
+    grid = task.lr_grid or suite.tuning.lr
+    if not suite.tuning.enabled or not grid:
+        return None
+    return choose_lr(store, scenario.name, entry.label, grid, suite.tuning)
