@@ -169,3 +169,19 @@ def test_bad_shard_and_executor_flags_are_named(mini, tmp_path, capsys, flags, m
     assert _suite(path, tmp_path / "x", *flags) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_a_unit_that_fails_on_ray_is_reported_with_its_error(tmp_path, capsys):
+    pytest.importorskip("ray", reason="the ray extra: pip install 'fedjax-sel[ray]'")
+    task = {**MINI["tasks"]["digits"], "dataset": "mnist", "data_path": str(tmp_path / "x.npz")}
+    bad = {k: v for k, v in MINI.items() if k != "tuning"} | {"tasks": {"mnist": task}}
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(bad))
+    assert _suite(path, tmp_path / "out", "--executor", "ray", "--ray-cpus", "2") == 1
+    err = capsys.readouterr().err
+    assert "2 unit(s) of the suite failed on Ray (each tried twice)" in err
+    for strategy in ("uniform", "power_of_choice"):
+        assert f"mnist/eval/ideal/{strategy}: fedjax_sel.base.ConfigError" in err
+    assert "x.npz' does not exist" in err
+    assert not (tmp_path / "out" / "leaderboard.json").exists()
+    assert Store(tmp_path / "out" / "per_seed" / "mnist.json").records == {}
