@@ -269,7 +269,11 @@ def test_spreads_and_losses_are_lower_is_better_as_in_the_suite():
     lower = {"rounds_to_target", "time_to_target", "client_accuracy_std", "deadline_hit_share"}
     for metric in suite.CELL_METRICS:  # the suite's cells, by their meaning
         assert higher_is_better(metric) == (metric not in lower), metric
-    assert suite.higher_is_better is higher_is_better  # one definition
+    assert suite.higher_is_better is higher_is_better  # one definition, the metric table's
+    from fedjax_sel.experiment import leaderboard, metric_table
+
+    assert leaderboard.higher_is_better is metric_table.higher_is_better
+    assert leaderboard.is_accuracy is metric_table.is_accuracy
 
 
 def test_percent_reports_accuracies_in_percent_and_differences_in_points(planted, tmp_path):

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from fedjax_sel.base import ConfigError
+from fedjax_sel.experiment.metric_table import DEFAULT_METRICS, higher_is_better, is_accuracy
 from fedjax_sel.experiment.outdir import folder_name
 from fedjax_sel.experiment.outputs import (
     CONFIG,
@@ -44,38 +45,6 @@ from fedjax_sel.experiment.outputs import (
 
 LEVEL = 0.95
 BOOTSTRAP_SAMPLES = 10_000
-
-# summary metrics compared by default, and whether larger is better
-SUMMARY_METRICS = {
-    "final_accuracy": True,
-    "peak_accuracy": True,
-    "stable_accuracy": True,
-    "final_client_test_accuracy_mean": True,
-    "final_client_test_loss_mean": False,
-    "target_accuracy": True,
-    "final_test_loss": False,
-    "stable_test_loss": False,
-}
-
-# other metrics of which less is better: spreads across clients, uneven selection, instability
-# and costs (the suite's cell metrics among them: the suite and the leaderboard read
-# higher_is_better from here, the one definition)
-LOWER_IS_BETTER = frozenset(
-    {
-        "final_client_test_accuracy_std",
-        "client_accuracy_std",
-        "selection_count_std",
-        "selection_count_cv",
-        "selection_tv_from_uniform",
-        "clients_never_selected",
-        "stability_drop",
-        "best_test_loss",
-        "target_test_loss",
-        "rounds_to_target",
-        "time_to_target",
-        "deadline_hit_share",
-    }
-)
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -271,9 +240,10 @@ def _finite(v: Any) -> float | None:
 
 def check_metrics(metrics: Sequence[str], runs: Sequence[Run]) -> None:
     """Raises :class:`ConfigError` for a metric that is none of the forms :func:`metric_value`
-    reads: a summary metric (of :data:`SUMMARY_METRICS`, or a number some run's summary holds),
+    reads: a summary metric (of :data:`~.metric_table.DEFAULT_METRICS`, or a number some run's
+    summary holds),
     ``accuracy@R``, ``rounds_to:A`` or ``time_to:A``."""
-    numeric = set(SUMMARY_METRICS) | {
+    numeric = set(DEFAULT_METRICS) | {
         k
         for r in runs
         for k, v in r.summary.items()
@@ -321,29 +291,6 @@ def sweep_baseline(dirs: Iterable[str | Path]) -> str | None:
     return next(iter(found.values()), None)
 
 
-def _to_target(metric: str) -> bool:
-    """Rounds or seconds to an accuracy (``rounds_to:A``, ``time_to:A``, the summary's
-    ``time_to_accuracy_s``): a cost, not an accuracy."""
-    return metric.startswith(("rounds_to:", "time_to"))
-
-
-def is_accuracy(metric: str) -> bool:
-    """An accuracy (a fraction in ``[0, 1]``, ``accuracy@R`` included): what ``percent=True``
-    reports times 100."""
-    return "accuracy" in metric and not _to_target(metric)
-
-
-def higher_is_better(metric: str) -> bool:
-    """Whether a larger value of ``metric`` is better: accuracies and fairness yes; losses,
-    spreads (a standard deviation or coefficient of variation across clients), instability and
-    rounds or seconds to a target no."""
-    if metric in SUMMARY_METRICS:
-        return SUMMARY_METRICS[metric]
-    if _to_target(metric) or metric in LOWER_IS_BETTER:
-        return False
-    return not any(part in metric for part in ("loss", "_std", "_cv"))
-
-
 def _scaled(value: float | None, scale: float | None) -> float | None:
     return value if value is None or scale is None else scale * value
 
@@ -369,8 +316,8 @@ def compare(
       baseline: the label every other strategy is paired against (default: a sweep folder's
         own baseline, its ``sweep.json``'s; else the first label in sorted order); must exist
         in every setting.
-      metrics: summary metrics (default: those of :data:`SUMMARY_METRICS` the runs have); an
-        unknown name is a :class:`ConfigError` (:func:`check_metrics`).
+      metrics: summary metrics (default: those of :data:`~.metric_table.DEFAULT_METRICS` the
+        runs have); an unknown name is a :class:`ConfigError` (:func:`check_metrics`).
       at_rounds: add ``accuracy@R`` for each R.
       targets: add ``rounds_to:A`` for each accuracy A.
       time_targets: add ``time_to:A`` (simulated seconds to accuracy A; runs with a system
@@ -393,7 +340,7 @@ def compare(
         if baseline is None:
             baseline = sweep_baseline(dirs or [])
     if metrics is None:
-        metrics = [m for m in SUMMARY_METRICS if any(metric_value(r, m) is not None for r in runs)]
+        metrics = [m for m in DEFAULT_METRICS if any(metric_value(r, m) is not None for r in runs)]
     metrics = list(metrics) + [f"accuracy@{r}" for r in at_rounds]
     metrics += [f"rounds_to:{a:g}" for a in targets]
     metrics += [f"time_to:{a:g}" for a in time_targets]

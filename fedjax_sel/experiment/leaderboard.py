@@ -29,7 +29,13 @@ from typing import Any
 
 import numpy as np
 
-from fedjax_sel.experiment.compare import higher_is_better, holm, mean_ci, paired_stats
+from fedjax_sel.experiment.compare import holm, mean_ci, paired_stats
+from fedjax_sel.experiment.metric_table import (
+    CELL_METRICS,
+    TARGET_METRICS,
+    higher_is_better,
+    is_accuracy,
+)
 from fedjax_sel.experiment.outputs import (
     csv_text,
     read_json,
@@ -39,7 +45,7 @@ from fedjax_sel.experiment.outputs import (
     write_json,
 )
 from fedjax_sel.experiment.records import INVOCATIONS, Store
-from fedjax_sel.experiment.suite import CELL_METRICS, SUITE_VERSION, Suite
+from fedjax_sel.experiment.suite import SUITE_VERSION, Suite
 
 LEVEL = 0.95
 BOOTSTRAP = 2000
@@ -65,7 +71,6 @@ ROW_KEYS = (
     "diverged",
     "baseline",
 )
-TARGET_METRICS = ("rounds_to_target", "time_to_target")
 DEADLINE_BOUNDS = (0.05, 0.95)  # a deadline hit in fewer or more rounds is misconfigured
 
 
@@ -315,16 +320,12 @@ def rank(suite: Suite, stores: Mapping[str, Store]) -> list[dict[str, Any]]:
 
 
 # ----------------------------------------------------------------------------- text
-def _is_accuracy(metric: str) -> bool:
-    return "accuracy" in metric and metric not in TARGET_METRICS
-
-
 def fmt(metric: str, v: float | None, *, signed: bool = False) -> str:
     """Accuracies in percent (differences in percentage points), seconds and rounds as they
     are, other metrics to 3 decimals."""
     if v is None:
         return "-"
-    if _is_accuracy(metric):  # the client spread included: a standard deviation of accuracies
+    if is_accuracy(metric):  # the client spread included: a standard deviation of accuracies
         return f"{100 * v:+.2f}" if signed else f"{100 * v:.2f}"
     if metric in TARGET_METRICS:
         return f"{v:+.0f}" if signed else f"{v:.0f}"
@@ -495,14 +496,14 @@ def plot_heatmap(doc: Mapping[str, Any], metric: str, path: Path) -> Path | None
             continue
         if r["diff"] is None:
             continue
-        if _is_accuracy(metric):
+        if is_accuracy(metric):
             v = 100 * r["diff"]
         else:
             b = base_mean.get(col)
             v = 100 * r["diff"] / abs(b) if b else np.nan
         grid[i, j] = v if higher_is_better(metric) else -v
         star = "*" if r["p_holm"] is not None and r["p_holm"] < 0.05 else ""
-        text[i][j] = f"{(100 * r['diff'] if _is_accuracy(metric) else v):+.1f}{star}"
+        text[i][j] = f"{(100 * r['diff'] if is_accuracy(metric) else v):+.1f}{star}"
     fig, ax = subplots(1, 1, figsize=(1.3 * len(cols) + 3, 0.4 * len(labels) + 2))
     limit = np.nanmax(np.abs(grid)) if np.any(np.isfinite(grid)) else 1.0
     image = ax.imshow(grid, cmap="RdBu", vmin=-limit, vmax=limit, aspect="auto")
@@ -513,7 +514,7 @@ def plot_heatmap(doc: Mapping[str, Any], metric: str, path: Path) -> Path | None
         for j in range(len(cols)):
             if text[i][j]:
                 ax.text(j, i, text[i][j], ha="center", va="center", fontsize=7)
-    unit = "percentage points" if _is_accuracy(metric) else "% of the baseline's mean"
+    unit = "percentage points" if is_accuracy(metric) else "% of the baseline's mean"
     ax.set_title(
         f"{metric}: paired difference against {doc['baseline']} ({unit}); "
         "* Holm p < 0.05; blue = better",

@@ -71,7 +71,7 @@ import numpy as np
 
 from fedjax_sel.base import ConfigError
 from fedjax_sel.config import RunConfig, read_config_file
-from fedjax_sel.experiment.compare import higher_is_better
+from fedjax_sel.experiment.metric_table import CELL_METRICS, higher_is_better
 from fedjax_sel.experiment.outdir import check_distinct_folders, folder_name
 from fedjax_sel.experiment.records import Store
 from fedjax_sel.experiment.sweep import _slug, check_together, file_table
@@ -81,17 +81,6 @@ from fedjax_sel.input_checks import seed_list
 # records of another version are recomputed, never mixed with this one's.
 SUITE_VERSION = 1
 
-# metrics every cell records (those that apply to its run); larger is better unless listed
-CELL_METRICS = (
-    "final_accuracy",
-    "peak_accuracy",
-    "stable_accuracy",
-    "rounds_to_target",
-    "time_to_target",
-    "jain_fairness",
-    "client_accuracy_std",
-    "deadline_hit_share",
-)
 SUITE_KEYS = {"name", "seeds", "baseline", "stable_fraction", "seeds_together", "ranking"}
 TUNING_KEYS = {"lr", "seeds", "metric", "scenario"}
 TASK_KEYS = {"target", "budgets", "lr_grid"}

@@ -280,7 +280,7 @@ def parse_tuning(
 ) -> Tuning:
     """Checks ``[sweep.tune]`` (see the module docstring) against the grid and the seeds
     (``own``: some strategy has a grid of its own, always tuned)."""
-    from fedjax_sel.experiment.compare import SUMMARY_METRICS
+    from fedjax_sel.experiment.metric_table import DEFAULT_METRICS
 
     if not isinstance(tune, Mapping):
         raise ConfigError(f"sweep: [sweep.tune] must be a table, got {tune!r}")
@@ -291,10 +291,10 @@ def parse_tuning(
         )
     metric = tune.get("metric", "final_accuracy")
     if not isinstance(metric, str) or not (
-        metric in SUMMARY_METRICS or metric.startswith(("accuracy@", "rounds_to:"))
+        metric in DEFAULT_METRICS or metric.startswith(("accuracy@", "rounds_to:"))
     ):
         raise ConfigError(
-            f"sweep: [sweep.tune] metric {metric!r} is not one of {sorted(SUMMARY_METRICS)}, "
+            f"sweep: [sweep.tune] metric {metric!r} is not one of {sorted(DEFAULT_METRICS)}, "
             "accuracy@R or rounds_to:A"
         )
     axes = tune.get("axes", list(grid))
@@ -377,7 +377,8 @@ def tuned_comparison(sweep: Sweep, out: str | Path, echo: Callable = print) -> d
     no number of the comparison was seen by the choice. Writes ``OUT/tuning.json`` and
     ``OUT/tuned/comparison.*``; returns the tuning record (with the comparison ``rows``).
     """
-    from fedjax_sel.experiment.compare import Run, compare, higher_is_better, metric_value
+    from fedjax_sel.experiment.compare import Run, compare, metric_value
+    from fedjax_sel.experiment.metric_table import higher_is_better
     from fedjax_sel.experiment.outputs import METRICS, SUMMARY, read_json, read_metrics
 
     tuning = sweep.tuning
