@@ -44,7 +44,7 @@ WL_ROUNDS=1500 WL_CLIENTS="" CONV_ARGS="" RATE_ARGS=""
 WL_REST="--workload lstm_shakespeare --workload resnet18_cifar100"
 if [ "$DRY" = 1 ]; then
     WL_ROUNDS=3 WL_CLIENTS="--clients 60"
-    WL_REST="--workload lstm_shakespeare --rounds 1"
+    WL_REST="--workload logreg_mnist --rounds 2"  # the step's plumbing: an LSTM round is minutes here
     CONV_ARGS="--per-round 4 --clients 20 --budget 10"
     RATE_ARGS="--task digits --seeds 2 --grid 1 --rounds 2 --clients 20"
 fi

@@ -227,6 +227,7 @@ BLOCKS = {
     "cpu_devices": cpu_devices,
     "scale": scale,
     "scale_xeon": lambda: scale("benchmarks/results/cpu_xeon/scale_all.json"),
+    "scale_comparators": lambda: scale(f"{CPU}/scale_comparators.json"),
     "kernels": kernels,
     "phases": phases,
     "seeds": seeds,

@@ -138,6 +138,10 @@ class RoundInputs(NamedTuple):
       durations: float32[K], the simulated seconds each client would take for its full local
         work this round (device profile, :mod:`fedjax_sel.system`), or ``None`` without a
         system model (Oort's system utility reads it).
+      compute_seconds, comm_seconds: float32[K], the two parts of ``durations``: local
+        computation, and communication (one model download plus one upload, each half of it),
+        or ``None`` without a system model (FedCS schedules the uploads one after another;
+        PyramidFL plans local iterations in the slack).
     """
 
     round: Array
@@ -146,6 +150,8 @@ class RoundInputs(NamedTuple):
     num_examples: Array
     availability_params: AvailabilityParams | None = None
     durations: Array | None = None
+    compute_seconds: Array | None = None
+    comm_seconds: Array | None = None
 
 
 class ClientOracle(NamedTuple):

@@ -51,6 +51,15 @@ VARIANTS = [
     ("fedcvr_bolt", {"beta": 0.0}),
     ("fedcvr_bolt", {"value_scale": "standardized"}),
     ("active_fl", {"refresh": "available"}),
+    # greedy from round 1, GP rounds (extra random round, retraining) from round 2
+    ("fedcor", {"warmup": 0, "gpr_interval": 1, "final_iterations": 5, "gp_iterations": 5}),
+    ("fedcor", {"warmup": 0, "gpr_interval": 1, "solver": "dense", "update_mean": False}),
+    ("pyramidfl", {"ranking": "gradient", "gradient_utility": "delta", "keep": 3}),
+    ("clustered_similarity", {"pool": 6, "sketch_dim": 20}),
+    ("clustered_similarity", {"measure": "l1", "ward_input": "condensed"}),
+    ("delta", {"replace": False}),
+    ("delta", {"sigma": "none", "weighting": "size"}),
+    ("fedcbs", {"first": "sample", "repeats": 1}),
 ]
 CASES = [(name, {}) for name in sorted(STRATEGIES)] + VARIANTS
 

@@ -64,6 +64,24 @@ SCALE_STRATEGIES: dict[str, tuple[dict[str, Any], str]] = {
     "ifca": ({}, "always"),
     "fesem": ({"sketch_dim": 100}, "always"),
     "full": ({}, "always"),
+    # Clustered Sampling: Alg. 1 is O(K log K); Alg. 2's Ward runs on a pool of
+    # R = min(max(2 P, 128), K) representatives (set per row) over a 100-coordinate sketch
+    "clustered_size": ({}, "always"),
+    "clustered_similarity": ({"sketch_dim": 100}, "always"),
+    # OCS/AOCS: all P cohort slots train; expected = max(1, P // 10) senders, set per row
+    "ocs": ({}, "always"),
+    "aocs": ({}, "always"),
+    # every participant trains twice (sigma^ from two independent runs): O(K) law, O(P d) scores
+    "delta": ({}, "always"),
+    # O(P K B) per sequential draw, 6 draws (FedProphet's repeats); class histograms K x B
+    "fedcbs": ({}, "always"),
+    # the deadline greedy over ceil(0.5 K) resource reports: O(P K) per round
+    "fedcs": ({}, "always"),
+    # Oort's ranking (O(K log K)) with the bench's local work (10 steps of 10 examples)
+    "pyramidfl": ({"local_steps": 10, "batch_size": 10}, "always"),
+    # the exact low-rank GP (Woodbury, O(K D^2) per Adam step; greedy O(P K D)); warm-up
+    # ends after round 1 (its 1000-step fit and every client's loss pass fall in the rows)
+    "fedcor": ({"warmup": 1}, "always"),
 }
 # LEAF Synthetic(1, 1) with each client's model drawn around one shared model (personal
 # noise 0.5): a federation that has a global model to learn at any K (the plain recipe's
@@ -71,7 +89,7 @@ SCALE_STRATEGIES: dict[str, tuple[dict[str, Any], str]] = {
 PERSONAL_SCALE = 0.5
 # slots at most, per strategy: FedCVR-Bolt forms one coalition per slot (k-means in a
 # P-dimensional embedding costs O(K P^2)); DivFL's greedy costs O(P pool^2) = O(P^3)
-MAX_PER_ROUND = {"fedcvr_bolt": 100, "divfl": 100}
+MAX_PER_ROUND = {"fedcvr_bolt": 100, "divfl": 100, "clustered_similarity": 100}
 # clients at most, with the reason a larger K is not run
 MAX_CLIENTS = {
     "full": (100_000, "trains every client every round (10^6 local trainings per round)"),
@@ -88,6 +106,10 @@ def row_args(strategy: str, clients: int, per_round: int) -> dict[str, Any]:
         args = {**args, "considered": min(2 * per_round, clients)}
     if name == "divfl":
         args = {**args, "pool": min(10 * per_round, clients)}
+    if name == "clustered_similarity":
+        args = {**args, "pool": min(max(2 * per_round, 128), clients)}
+    if name in ("ocs", "aocs"):
+        args = {**args, "expected": float(max(1, per_round // 10))}
     return args
 
 

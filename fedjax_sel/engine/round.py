@@ -408,6 +408,8 @@ def _choose(spec: RoundSpec, state: SimState, data: SimData, busy: Array | None 
         data.train.counts,
         truth,
         None if system is None else system[0] + system[1],
+        None if system is None else system[0],
+        None if system is None else system[1],
     )
     oracle = client_oracle(spec, data, state.client_opt_states, k_train, state.hparams)
     with jax.named_scope("selection"):

@@ -59,6 +59,8 @@ class OortHyper(NamedTuple):
     exploit_rule: str
     candidate_floor: float
     zero_exploration: bool
+    # PyramidFL's copy of the original caps exploitLen at (#explored - 1): 1; else 0
+    exploit_margin: int = 0
 
 
 # the presets' over-commitment, applied by the engine for every strategy (``--overcommit``)
@@ -102,6 +104,9 @@ PRESETS: dict[str, OortHyper] = {
         zero_exploration=False,
     ),
 }
+# PyramidFL's copy of the original (liecn/PyramidFL oort/oort.py, training/argParser.py): the
+# original's knobs, exploitLen capped at (#explored - 1) (strategy ``pyramidfl``)
+PRESETS["pyramidfl"] = PRESETS["original"]._replace(exploit_margin=1)
 
 
 def preferred_duration(durations: Array, round_threshold: Array) -> Array:

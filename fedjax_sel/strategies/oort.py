@@ -187,7 +187,8 @@ def oort(
     Args:
       per_round: the picks per round (the engine keeps the first finishers of them).
       preset: ``original`` or ``fedscale`` (table in docs/hetero_select.md, "Oort"); every
-        ``None`` argument below takes the preset's value.
+        ``None`` argument below takes the preset's value. ``pyramidfl``: PyramidFL's copy of
+        the original (its knobs, exploitLen capped at #explored - 1; strategy ``pyramidfl``).
       exploration_factor, exploration_decay, exploration_min: eps, its decay and floor.
       cut_off_util: exploitation candidates score at least this times the exploitLen-th score.
       clip_bound: utility clipped at this quantile before normalisation.
@@ -304,7 +305,7 @@ def oort(
             wanted = ok.floor_int(kp * (1.0 - eps))
         else:
             wanted = kp - ok.floor_int(kp * eps)
-        exploit_len = jnp.minimum(wanted, jnp.sum(explored))
+        exploit_len = jnp.minimum(wanted, jnp.maximum(jnp.sum(explored) - h.exploit_margin, 0))
         cand = ok.exploit_candidates(
             scores, explored, exploit_len, h.cut_off_util, h.candidate_floor, kp
         )

@@ -1,0 +1,229 @@
+"""FedCS (Nishio and Yonetani, ICC 2019): the deadline greedy against a literal NumPy
+transcription of the third-party "Algorithm 3" loop (docs/comparators/fedcs.md), a planted case
+whose answer is known (brute force over every upload order), ties, the strategy's selection
+through its inputs, and a simulation in which every FedCS pick meets the engine's deadline."""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjax_sel.base import ConfigError, RoundInputs
+from fedjax_sel.kernels import uniform_without_replacement
+from fedjax_sel.strategies import make_strategy
+from fedjax_sel.strategies.fedcs import deadline_greedy, num_candidates
+
+
+def np_fedcs(t_ud, t_ul, t_dl, budget, max_picks=None, eligible=None, use_max=True):
+    """The greedy as written (a while loop over the remaining candidates, argmax of the
+    reciprocal increment, drop the pick, keep it if it fits the budget)."""
+    n = len(t_ud)
+    remaining = [i for i in range(n) if eligible is None or eligible[i]]
+    chosen, theta, down = [], 0.0, 0.0
+
+    def wait(k):
+        return max(0.0, t_ud[k] - theta) if use_max else 0.0
+
+    while remaining and (max_picks is None or len(chosen) < max_picks):
+        inc = [max(down, t_dl[k]) - down + t_ul[k] + wait(k) for k in remaining]
+        score = [1.0 / x if x > 0 else np.inf for x in inc]
+        x = remaining[int(np.argmax(score))]
+        remaining.remove(x)
+        new_theta = theta + t_ul[x] + wait(x)
+        if max(down, t_dl[x]) + new_theta < budget:
+            chosen.append(x)
+            theta, down = new_theta, max(down, t_dl[x])
+    return chosen, theta, down
+
+
+def schedule_length(order, t_ud, t_ul, t_dl):
+    theta, down = 0.0, 0.0
+    for x in order:
+        theta = theta + t_ul[x] + max(0.0, t_ud[x] - theta)
+        down = max(down, t_dl[x])
+    return down + theta
+
+
+def run_kernel(t_ud, t_ul, t_dl, budget, max_picks, eligible=None):
+    n = len(t_ud)
+    eligible = np.ones(n, bool) if eligible is None else eligible
+    s = jax.jit(deadline_greedy, static_argnums=5)(
+        jnp.asarray(t_ud, jnp.float32),
+        jnp.asarray(t_ul, jnp.float32),
+        jnp.asarray(t_dl, jnp.float32),
+        jnp.asarray(eligible),
+        jnp.float32(budget),
+        max_picks,
+    )
+    order, valid = np.asarray(s.order), np.asarray(s.valid)
+    assert np.all(valid[: valid.sum()]), "selected slots form a prefix"
+    return order[valid].tolist(), float(s.theta), float(s.download)
+
+
+# t^UD, t^UL, t^DL of five clients and T_round: the greedy fits 3 (the most any upload order
+# fits: brute force below); two ties of the score on the way (0 and 2, then 2 and 3)
+PLANTED = dict(
+    t_ud=[4.0, 5.0, 6.0, 7.0, 1.0],
+    t_ul=[3.0, 4.0, 2.0, 2.0, 4.0],
+    t_dl=[2.0, 2.0, 2.0, 2.0, 3.0],
+    budget=14.0,
+)
+
+
+def test_planted_schedule_is_the_known_optimum():
+    p = PLANTED
+    chosen, theta, down = run_kernel(p["t_ud"], p["t_ul"], p["t_dl"], p["budget"], 5)
+    assert chosen == [4, 0, 2]
+    assert (theta, down) == (10.0, 3.0)
+    assert schedule_length(chosen, p["t_ud"], p["t_ul"], p["t_dl"]) == 13.0 < p["budget"]
+    best = max(
+        r
+        for r in range(6)
+        for order in itertools.permutations(range(5), r)
+        if schedule_length(order, p["t_ud"], p["t_ul"], p["t_dl"]) < p["budget"]
+    )
+    assert best == len(chosen)
+    assert np_fedcs(p["t_ud"], p["t_ul"], p["t_dl"], p["budget"])[0] == chosen
+    # the case is discriminating: without the wait term, or with the download term ignored,
+    # the greedy picks another set
+    without_wait = np_fedcs(p["t_ud"], p["t_ul"], p["t_dl"], p["budget"], use_max=False)[0]
+    no_download = np_fedcs(p["t_ud"], p["t_ul"], [0.0] * 5, p["budget"])[0]
+    assert set(without_wait) != set(chosen) and set(no_download) != set(chosen)
+
+
+def test_ties_go_to_the_lower_candidate():
+    chosen, _, _ = run_kernel([1.0] * 6, [2.0] * 6, [1.0] * 6, 1.0 + 3 + 2 * 3 + 0.5, 6)
+    assert chosen == [0, 1, 2, 3]  # 1 + (1 + 2) + 2 + 2 + 2 = 10 < 10.5; a fifth would be 12
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_greedy_matches_the_literal_loop(seed):
+    """Random continuous instances, empty candidate slots and a cap on the picks: the
+    fixed-shape argmax-among-the-fitting loop returns the literal loop's schedule."""
+    rng = np.random.default_rng(seed)
+    n = 12  # one shape; the number of candidates varies through the mask
+    for _ in range(40):
+        t_ud = rng.lognormal(1.0, 1.0, n)
+        t_ul = rng.lognormal(0.0, 0.8, n)
+        t_dl = rng.lognormal(0.0, 0.8, n)
+        eligible = (rng.random(n) < 0.8) & (np.arange(n) < rng.integers(3, n + 1))
+        budget = float(rng.uniform(2.0, 25.0))
+        max_picks = int(rng.choice([2, 5, 12]))
+        t_ud, t_ul, t_dl = (np.float32(a).astype(np.float64) for a in (t_ud, t_ul, t_dl))
+        want, theta, down = np_fedcs(t_ud, t_ul, t_dl, budget, max_picks, eligible)
+        got, g_theta, g_down = run_kernel(t_ud, t_ul, t_dl, budget, max_picks, eligible)
+        assert got == want
+        assert g_theta == pytest.approx(theta, rel=1e-5) and g_down == pytest.approx(down)
+        if want:
+            assert schedule_length(want, t_ud, t_ul, t_dl) < budget
+
+
+def _inputs(available, compute, comm, n):
+    k = len(available)
+    return RoundInputs(
+        jnp.int32(3),
+        jnp.asarray(available),
+        {},
+        jnp.asarray(n, jnp.int32),
+        None,
+        jnp.asarray(np.asarray(compute) + np.asarray(comm), jnp.float32),
+        jnp.asarray(compute, jnp.float32),
+        jnp.asarray(comm, jnp.float32),
+    ), k
+
+
+@pytest.mark.parametrize("fraction", [1.0, 0.5])
+def test_strategy_selects_the_greedy_over_its_candidates(fraction):
+    """The strategy's picks: the greedy over the candidates (the same Gumbel-top-k draw among
+    the available clients, in id order), upload = download = half the communication time,
+    FedAvg weights by size over the picks."""
+    rng = np.random.default_rng(7)
+    k, per_round, deadline = 20, 6, 30.0
+    available = rng.random(k) < 0.7
+    compute = rng.lognormal(2.0, 0.7, k).astype(np.float32)
+    comm = rng.lognormal(1.0, 0.7, k).astype(np.float32)
+    n = rng.integers(5, 50, k)
+    inputs, _ = _inputs(available, compute, comm, n)
+    strategy = make_strategy("fedcs", per_round, deadline=deadline, fraction=fraction)
+    state = strategy.init(jax.random.key(0), None)
+    key = jax.random.key(11)
+    sel, _ = jax.jit(strategy.select, static_argnums=2)(state, inputs, None, key)
+    cand, ok = uniform_without_replacement(key, jnp.asarray(available), num_candidates(fraction, k))
+    cand = np.sort(np.asarray(cand)[np.asarray(ok)])
+    half = comm[cand].astype(np.float64) / 2
+    want, _, _ = np_fedcs(compute[cand].astype(np.float64), half, half, deadline, per_round)
+    clients, mask = np.asarray(sel.clients), np.asarray(sel.mask)
+    assert clients[mask].tolist() == cand[want].tolist()
+    assert 0 < len(want) <= per_round
+    w = np.asarray(sel.weights)
+    np.testing.assert_allclose(w[mask], n[cand[want]] / n[cand[want]].sum(), rtol=1e-6)
+    assert not np.any(w[~mask])
+    assert int(sel.diagnostics["fedcs_selected"]) == len(want)
+
+
+def test_needs_profiles_and_checks_its_arguments():
+    strategy = make_strategy("fedcs", 3)
+    inputs = RoundInputs(jnp.int32(0), jnp.ones(5, bool), {}, jnp.ones(5, jnp.int32))
+    with pytest.raises(ConfigError, match="device profiles"):
+        strategy.select(strategy.init(jax.random.key(0), None), inputs, None, jax.random.key(1))
+    for bad in (dict(fraction=0.0), dict(deadline=-1.0), dict(request_seconds=-1.0)):
+        with pytest.raises(ConfigError):
+            make_strategy("fedcs", 3, **bad)
+
+
+def test_every_pick_meets_the_engine_deadline():
+    """In a simulation with the engine's deadline equal to FedCS's, no FedCS pick is a
+    straggler (each one's download, update and upload end within its serial schedule)."""
+    from fedjax_sel.data import load_dataset
+    from fedjax_sel.models import make_model
+    from fedjax_sel.simulation import Simulation
+    from fedjax_sel.system import lognormal
+    from fedjax_sel.training import LocalConfig
+
+    ds = load_dataset("digits", num_clients=24, partition="dirichlet:0.5", seed=0)
+    model = make_model("logreg", input_shape=ds.input_shape, num_classes=10)
+    deadline = 12.0  # binding: FedCS fits 13 of 16 slots; 16 uniform picks leave stragglers
+    sim = Simulation(
+        ds,
+        model,
+        make_strategy("fedcs", 16, deadline=deadline, fraction=1.0),
+        local=LocalConfig(batch_size=16, lr=0.1, local_steps=2),
+        per_round=16,
+        num_rounds=6,
+        chunk_size=6,
+        system=lognormal(sigma=1.0),
+        deadline=deadline,
+    )
+    state, logs = sim.run_rounds(sim.init(seed=0), 6)
+    assert np.all(logs.stragglers == 0)
+    assert np.all((logs.num_selected >= 1) & (logs.num_selected < 16))
+    assert np.all(logs.duration <= deadline)
+    sched = logs.diagnostics["fedcs_schedule_seconds"]
+    assert np.all(sched < deadline) and np.all(logs.duration <= sched + 1e-4)
+
+
+def test_traced_deadline_acts():
+    """``deadline`` is traced: initialised at a tighter value, the same strategy fits fewer."""
+    from fedjax_sel.strategies.hyperparams import init_with_hyperparams
+
+    rng = np.random.default_rng(3)
+    k = 12
+    compute = rng.lognormal(1.5, 0.5, k).astype(np.float32)
+    comm = rng.lognormal(0.5, 0.5, k).astype(np.float32)
+    inputs, _ = _inputs(np.ones(k, bool), compute, comm, np.full(k, 10))
+    strategy = make_strategy("fedcs", k, deadline=1000.0, fraction=1.0)
+    assert strategy.hyperparams == ("deadline", "request_seconds", "aggregation_seconds")
+    select = jax.jit(strategy.select, static_argnums=2)
+    counts = []
+    for deadline in (1000.0, 20.0):
+        state = init_with_hyperparams(strategy, jax.random.key(0), None, {"deadline": deadline})
+        sel, _ = select(state, inputs, None, jax.random.key(1))
+        half = comm.astype(np.float64) / 2
+        want, _, _ = np_fedcs(compute.astype(np.float64), half, half, deadline, k)
+        assert np.asarray(sel.clients)[np.asarray(sel.mask)].tolist() == want
+        counts.append(len(want))
+    assert counts[0] == k > counts[1] > 0
