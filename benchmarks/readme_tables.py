@@ -100,7 +100,7 @@ def scale(f: str = f"{CPU}/scale.json") -> str:
         if "error" in r:
             lines.append(
                 f"| {r['strategy']} | {r['clients']:,} | {r['per_round']:,} | not measured: "
-                f"{r['error']} | | | | | | | | |"
+                f"`{r['error']}` | | | | | | | | |"
             )
             continue
         lines.append(
