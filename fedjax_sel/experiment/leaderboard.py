@@ -38,13 +38,12 @@ from fedjax_sel.experiment.metric_table import (
 )
 from fedjax_sel.experiment.outputs import (
     csv_text,
-    read_json,
     save_figure,
     subplots,
     write_atomic,
     write_json,
 )
-from fedjax_sel.experiment.records import INVOCATIONS, Store
+from fedjax_sel.experiment.records import Store, read_invocations
 from fedjax_sel.experiment.suite import SUITE_VERSION, Suite
 
 LEVEL = 0.95
@@ -545,8 +544,7 @@ def plot_ranking(doc: Mapping[str, Any], path: Path) -> Path | None:
 def invocations(out: str | Path) -> list[dict[str, Any]]:
     """The suite's invocations that ran cells (``OUT/invocations.json``): machine and wall
     seconds of each."""
-    path = Path(out) / INVOCATIONS
-    return [e for e in (read_json(path) if path.exists() else []) if e.get("cells_run")]
+    return [e for e in read_invocations(Path(out)) if e.get("cells_run")]
 
 
 def write(

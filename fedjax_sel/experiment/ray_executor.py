@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -43,6 +44,7 @@ from fedjax_sel.experiment.records import (
     INVOCATIONS,
     PER_SEED,
     Store,
+    invocation_entry,
     machine_info,
     part_folder,
     read_invocations,
@@ -55,6 +57,7 @@ from fedjax_sel.experiment.suite import (
     Suite,
     Task,
     eval_cells,
+    job_units,
     jobs,
     tuned_lr,
     tuned_scenarios,
@@ -182,15 +185,11 @@ def _drive(ray, suite, tasks, out, *, together, overwrite, progress, echo, job_c
     stores = {t.name: task_store(out, t.name, overwrite) for t in tasks}
     by_name = {s.name: s for s in suite.scenarios}
     start = time.perf_counter()
-    entry = {
-        **machine_info(),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "executor": "ray",
-        "cluster": {k: resources[k] for k in ("CPU", "GPU") if k in resources},
-        "wall_seconds": 0.0,
-        "cells_run": 0,
-        "workers": [],
-    }
+    entry = invocation_entry(
+        executor="ray",
+        cluster={k: resources[k] for k in ("CPU", "GPU") if k in resources},
+        workers=[],
+    )
     entries = read_invocations(out) + [entry]
     waiting: dict[Any, _Unit] = {}
     failures: list[tuple[str, str]] = []
@@ -256,7 +255,7 @@ def _drive(ray, suite, tasks, out, *, together, overwrite, progress, echo, job_c
             for record in records:
                 store.put(record)
             store.save()
-            _drop(unit.part)
+            shutil.rmtree(unit.part, ignore_errors=True)
             if bar is not None:
                 bar.update(len(unit.todo) - unit.counted)
             entry["cells_run"] += len(records)
@@ -281,11 +280,7 @@ def _bar(suite: Suite, job_list, show: bool):
         return None
     from tqdm.auto import tqdm
 
-    total = 0
-    for task, entry in job_list:
-        points = len(suite.tuning.seeds) * len(task.lr_grid or suite.tuning.lr)
-        for scenarios in tuned_scenarios(suite, task, entry).values():
-            total += (points if suite.tuning.enabled else 0) + len(scenarios) * len(suite.seeds)
+    total = sum(n for task, entry in job_list for _, n in job_units(suite, task, entry))
     return tqdm(total=total, desc=f"suite {suite.name} on ray", unit="cell")
 
 
@@ -314,12 +309,6 @@ def _tally(workers: list[dict[str, Any]], worker: Mapping[str, Any]) -> None:
     node["units"] += 1
     node["cells_run"] += worker["cells_run"]
     node["busy_seconds"] = round(node["busy_seconds"] + worker["wall_seconds"], 1)
-
-
-def _drop(part: Path) -> None:
-    import shutil
-
-    shutil.rmtree(part, ignore_errors=True)
 
 
 def _last_line(error: BaseException) -> str:

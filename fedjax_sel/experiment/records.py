@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -186,11 +187,16 @@ def read_invocations(out: Path) -> list[dict[str, Any]]:
     return list(read_json(path)) if path.exists() else []
 
 
-def unmerged_parts(out: Path) -> list[str]:
-    """The parts of ``out`` not merged yet (a shard's records wait there for
-    ``--report-only``)."""
-    root = Path(out) / PARTS
-    return sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+def invocation_entry(**extra: Any) -> dict[str, Any]:
+    """A new invocation's entry for ``invocations.json``: this machine, the start time, no
+    wall seconds and no cells yet, and ``extra`` (an executor's own fields)."""
+    return {
+        **machine_info(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "wall_seconds": 0.0,
+        "cells_run": 0,
+        **extra,
+    }
 
 
 def machine_info() -> dict[str, Any]:

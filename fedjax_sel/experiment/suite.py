@@ -600,6 +600,21 @@ def tuned_scenarios(suite: Suite, task: Task, entry: Entry) -> dict[str, list[Sc
     return out
 
 
+def job_units(suite: Suite, task: Task, entry: Entry) -> list[tuple[Scenario, int]]:
+    """The units of ``entry``'s job on ``task`` in the order they run, each as its scenario
+    and its number of cells: a tuning grid (grid points x tuning seeds), then the evaluations
+    at the lr it chose (the evaluation seeds), for each scenario it is tuned in."""
+    by_name = {s.name: s for s in suite.scenarios}
+    grid = task.lr_grid or suite.tuning.lr
+    points = len(grid) * len(suite.tuning.seeds) if suite.tuning.enabled and grid else 0
+    units = []
+    for tune_name, scenarios in tuned_scenarios(suite, task, entry).items():
+        if points:
+            units.append((by_name[tune_name], points))
+        units += [(s, len(suite.seeds)) for s in scenarios]
+    return units
+
+
 def choose_lr(
     store: Store, scenario: str, label: str, grid: Sequence[float], tuning: Tuning
 ) -> float:

@@ -29,7 +29,7 @@ from fedjax_sel.experiment.outputs import read_json, write_json
 from fedjax_sel.experiment.records import (
     INVOCATIONS,
     Store,
-    machine_info,
+    invocation_entry,
     merge_parts,
     part_folder,
     part_store,
@@ -44,6 +44,7 @@ from fedjax_sel.experiment.suite import (
     Suite,
     Task,
     eval_cells,
+    job_units,
     jobs,
     load_suite,
     parse_suite,
@@ -186,12 +187,7 @@ class _Progress:
         self.start = time.perf_counter()
         self.path = path
         self.entries = read_json(path) if path is not None and path.exists() else []
-        self.entry = {
-            **machine_info(),
-            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "wall_seconds": 0.0,
-            "cells_run": 0,
-        }
+        self.entry = invocation_entry()
         self.entries.append(self.entry)
         if not show or suite is None:
             return
@@ -225,15 +221,11 @@ def _rounds(suite: Suite, task: Task, scenario: Scenario, entry: Entry) -> int:
 
 def total_rounds(suite: Suite, job_list: Sequence[tuple[Task, Entry]]) -> int:
     """The rounds of every cell of ``job_list``: tuning grids and evaluation seeds."""
-    by_name = {s.name: s for s in suite.scenarios}
-    total = 0
-    for task, entry in job_list:
-        points = len(suite.tuning.seeds) * len(task.lr_grid or suite.tuning.lr)
-        for tune_name, scenarios in tuned_scenarios(suite, task, entry).items():
-            if suite.tuning.enabled:
-                total += _rounds(suite, task, by_name[tune_name], entry) * points
-            total += sum(_rounds(suite, task, s, entry) * len(suite.seeds) for s in scenarios)
-    return total
+    return sum(
+        _rounds(suite, task, scenario, entry) * cells
+        for task, entry in job_list
+        for scenario, cells in job_units(suite, task, entry)
+    )
 
 
 def _run_cells(

@@ -85,6 +85,7 @@ from fedjax_sel.kernels.urns import (
     ward_flat_clusters,
     ward_weight,
 )
+from fedjax_sel.strategies._sketch import sketch_coordinates
 from fedjax_sel.strategies.registry import register_strategy
 from fedjax_sel.tree import flatten_stacked
 
@@ -194,14 +195,10 @@ def clustered_similarity(
         )
 
     def init(key, spec: SimSpec) -> ClusteredSimilarityState:
-        dim = sum(int(x.size) for x in jax.tree.leaves(spec.params))
-        if sketch_dim and sketch_dim < dim:
-            coords = jnp.sort(jax.random.choice(key, dim, (sketch_dim,), replace=False))
-        else:
-            coords = jnp.arange(dim)
+        coords = sketch_coordinates(key, spec.params, "all", sketch_dim)
         return ClusteredSimilarityState(
             grads=jnp.zeros((spec.num_clients, coords.shape[0]), jnp.float32),
-            coords=coords.astype(jnp.int32),
+            coords=coords,
         )
 
     def exact_labels(grads, available, sizes, limit):

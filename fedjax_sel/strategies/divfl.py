@@ -46,6 +46,7 @@ from fedjax_sel.base import Array, ConfigError, RoundInputs, Selection, SimSpec,
 from fedjax_sel.kernels import uniform_without_replacement
 from fedjax_sel.members import members_cond
 from fedjax_sel.strategies._common import Weighting, fedavg_weights
+from fedjax_sel.strategies._sketch import sketch_coordinates
 from fedjax_sel.strategies.registry import register_strategy
 from fedjax_sel.tree import flatten_stacked, row_mask
 
@@ -169,15 +170,11 @@ def divfl(
         )
 
     def init(key, spec: SimSpec) -> DivFLState:
-        dim = sum(int(x.size) for x in jax.tree.leaves(spec.params))
-        if sketch_dim and sketch_dim < dim:
-            coords = jnp.sort(jax.random.choice(key, dim, (sketch_dim,), replace=False))
-        else:
-            coords = jnp.arange(dim)
+        coords = sketch_coordinates(key, spec.params, "all", sketch_dim)
         return DivFLState(
             updates=jnp.zeros((spec.num_clients, coords.shape[0]), jnp.float32),
             known=jnp.zeros((spec.num_clients,), bool),
-            coords=coords.astype(jnp.int32),
+            coords=coords,
             warmed=jnp.zeros((), bool),
         )
 
