@@ -185,3 +185,21 @@ def test_a_unit_that_fails_on_ray_is_reported_with_its_error(tmp_path, capsys):
     assert "x.npz' does not exist" in err
     assert not (tmp_path / "out" / "leaderboard.json").exists()
     assert Store(tmp_path / "out" / "per_seed" / "mnist.json").records == {}
+
+
+def test_job_units_count_the_cells_the_suite_plans(tmp_path):
+    """``job_units`` (what both progress bars count) against the cells actually planned."""
+    spec = {**MINI, "scenarios": {"ideal": {}, "flaky": {"availability": "bernoulli:p=0.8"}}}
+    spec["tuning"] = {**MINI["tuning"], "scenario": "each"}
+    suite = suite_lib.parse_suite(spec)
+    by_name = {s.name: s for s in suite.scenarios}
+    for task, entry in suite_lib.jobs(suite, suite.tasks):
+        planned = []
+        for tune, scenarios in suite_lib.tuned_scenarios(suite, task, entry).items():
+            cells = suite_lib.tuning_cells(suite, task, by_name[tune], entry, tmp_path, None)
+            planned.append((tune, len(cells)))
+            for s in scenarios:
+                evals = suite_lib.eval_cells(suite, task, s, entry, tmp_path, 0.1, None)
+                planned.append((s.name, len(evals)))
+        units = [(s.name, n) for s, n in suite_lib.job_units(suite, task, entry)]
+        assert units == planned == [("ideal", 2), ("ideal", 2), ("flaky", 2), ("flaky", 2)]
