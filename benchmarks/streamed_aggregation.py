@@ -24,8 +24,8 @@ from pathlib import Path
 from fedjax_sel.bench import throughput as tp
 from fedjax_sel.bench.common import interleaved_times, machine_info, print_table, write_json_rows
 from fedjax_sel.engine.round import streams_aggregate
+from fedjax_sel.engine.simulation import Simulation
 from fedjax_sel.models import make_model
-from fedjax_sel.simulation import Simulation
 from fedjax_sel.strategies import make_strategy
 from fedjax_sel.training import LocalConfig
 

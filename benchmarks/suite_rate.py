@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from fedjax_sel.bench.common import machine_info, print_table, write_json_rows
-from fedjax_sel.experiment.suite_run import run_suite
+from fedjax_sel.benchmark.run import run_suite
 
 
 def suite_spec(task: str, seeds: int, grid: int, rounds: int, clients: int) -> dict:

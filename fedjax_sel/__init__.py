@@ -27,7 +27,7 @@ _EXPORTS = {
     "build_simulation": "fedjax_sel.experiment",
     "RunResult": "fedjax_sel.experiment",
     # the engine
-    "Simulation": "fedjax_sel.simulation",
+    "Simulation": "fedjax_sel.engine.simulation",
     "SimState": "fedjax_sel.engine.state",
     "LocalConfig": "fedjax_sel.training",
     "server_optimizer": "fedjax_sel.training",

@@ -136,7 +136,7 @@ class RoundInputs(NamedTuple):
         (:class:`AvailabilityParams`) when it exposes them (``AvailabilityModel.true_params``),
         else ``None``. Only oracle-mode strategies read it.
       durations: float32[K], the simulated seconds each client would take for its full local
-        work this round (device profile, :mod:`fedjax_sel.system`), or ``None`` without a
+        work this round (device profile, :mod:`fedjax_sel.engine.system`), or ``None`` without a
         system model (Oort's system utility reads it).
       compute_seconds, comm_seconds: float32[K], the two parts of ``durations``: local
         computation, and communication (one model download plus one upload, each half of it),
@@ -265,7 +265,7 @@ class Strategy(NamedTuple):
       needs_system: the strategy reads ``RoundInputs.durations`` (a simulation without a
         system model then uses the default device profile).
       asynchronous: the strategy can pick who starts when a slot frees up in asynchronous FL
-        (:mod:`fedjax_sel.fedbuff`): its ``update`` reads only client-indexed feedback, so it
+        (:mod:`fedjax_sel.engine.fedbuff`): its ``update`` reads only client-indexed feedback, so it
         accepts the arrivals of an event step as the "selection".
       hyperparams: the names of the hyperparameters traced in its state
         (:func:`fedjax_sel.strategies.hyperparams.inject_hyperparams`); a grid of them shares

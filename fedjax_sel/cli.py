@@ -199,12 +199,12 @@ def _diverged_status(out: Path, allowed: bool) -> int:
 
 
 def cmd_suite(a: argparse.Namespace) -> int:
-    from fedjax_sel.experiment import leaderboard
+    from fedjax_sel.benchmark import leaderboard
+    from fedjax_sel.benchmark.ray_executor import UnitsFailed
+    from fedjax_sel.benchmark.run import parse_shard, run_suite
+    from fedjax_sel.benchmark.suite import parse_suite
     from fedjax_sel.experiment.outdir import owned
-    from fedjax_sel.experiment.ray_executor import UnitsFailed
     from fedjax_sel.experiment.records import merge_parts
-    from fedjax_sel.experiment.suite import parse_suite
-    from fedjax_sel.experiment.suite_run import parse_shard, run_suite
 
     spec = _spec_with_overrides(a, "suite")
     if a.no_tuning:
@@ -262,7 +262,7 @@ def cmd_suite(a: argparse.Namespace) -> int:
 def _rerun(suite, out: Path, a: argparse.Namespace) -> int:
     """``suite --rerun``: one recorded cell run again and compared with its record (exit 0
     when every metric is identical, 1 when one differs)."""
-    from fedjax_sel.experiment.rerun import print_rerun, rerun_cell
+    from fedjax_sel.benchmark.rerun import print_rerun, rerun_cell
 
     if a.seed is None:
         raise ConfigError("--rerun needs --seed S (the cell's seed)")
@@ -338,8 +338,8 @@ def cmd_list(a: argparse.Namespace) -> int:
         AVAILABILITY,
         lambda e: "; ".join(f"{k}: {v}" for k, v in e.info.get("params", {}).items()),
     )
-    from fedjax_sel.fedbuff import ASYNC
-    from fedjax_sel.system import SYSTEMS
+    from fedjax_sel.engine.fedbuff import ASYNC
+    from fedjax_sel.engine.system import SYSTEMS
 
     section("system models (--system NAME:key=value,...):", SYSTEMS)
     section("asynchronous modes (--async NAME:key=value,...):", ASYNC)

@@ -373,7 +373,7 @@ class RunConfig:
         name, positional, pairs = parse_spec(config.availability, what="availability")
         AVAILABILITY.resolve(name, pairs, positional)
         if config.system is not None:
-            from fedjax_sel.system import SYSTEMS
+            from fedjax_sel.engine.system import SYSTEMS
 
             name, positional, pairs = parse_spec(config.system, what="system model")
             SYSTEMS.resolve(name, pairs, positional)
@@ -383,7 +383,7 @@ class RunConfig:
                 "--system lognormal)"
             )
         if config.asynchronous is not None:
-            from fedjax_sel.fedbuff import from_spec as async_from_spec
+            from fedjax_sel.engine.fedbuff import from_spec as async_from_spec
 
             if config.mode != "global":
                 raise ConfigError("--async runs global-model strategies (mode=global) only")

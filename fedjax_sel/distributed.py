@@ -1,7 +1,7 @@
 """Several processes (hosts) running one simulation: JAX's multi-controller runtime.
 
 Every process runs the same program; ``jax.distributed.initialize`` joins them, after which
-``jax.devices()`` lists the devices of all processes and :func:`fedjax_sel.simulation.
+``jax.devices()`` lists the devices of all processes and :func:`fedjax_sel.engine.simulation.
 default_mesh` spans them, so the slot axis of local training and the evaluation are sharded over
 every device of every host. Host-side values (round logs, scores, checkpoints) are gathered
 with :func:`to_host` on every process; only process 0 writes files.

@@ -2,12 +2,12 @@
 
 Under ``jax.vmap`` a ``lax.cond`` whose predicate is batched becomes a select, even when every
 member's predicate is the same: every member runs both branches. The seed batch
-(:meth:`fedjax_sel.simulation.Simulation.run_rounds_batch`) vmaps members whose predicates are
-nearly always equal (DivFL's warm start is round 0 for every seed; FilFL filters on the same
-schedule), so a round that branches paid for both branches in every member, every round. The
-members' vmap is named :data:`MEMBERS_AXIS`, and inside it :func:`members_cond` runs each
-branch only when some member takes it (a collective over the members tells), then picks each
-member's result: one branch when all agree, both (the select, as before) when they differ.
+(:meth:`fedjax_sel.engine.simulation.Simulation.run_rounds_batch`) vmaps members whose
+predicates are nearly always equal (DivFL's warm start is round 0 for every seed; FilFL filters
+on the same schedule), so a round that branches paid for both branches in every member, every
+round. The members' vmap is named :data:`MEMBERS_AXIS`, and inside it :func:`members_cond` runs
+each branch only when some member takes it (a collective over the members tells), then picks
+each member's result: one branch when all agree, both (the select, as before) when they differ.
 Outside that vmap it is ``lax.cond``.
 """
 

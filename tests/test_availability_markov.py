@@ -216,8 +216,8 @@ def test_trace_bad_input_gives_clear_errors(tmp_path):
 
 def test_availability_models_pass_true_parameters_to_strategies():
     from fedjax_sel.data import load_dataset
+    from fedjax_sel.engine.simulation import Simulation
     from fedjax_sel.models import make_model
-    from fedjax_sel.simulation import Simulation
     from fedjax_sel.strategies import make_strategy
     from fedjax_sel.training import LocalConfig
 

@@ -342,8 +342,8 @@ def test_loss_filter_eq_17_and_running_minimum():
 
 def test_ca_fed_in_a_simulation_excludes_rarely_available_correlated_clients():
     from fedjax_sel.data import load_dataset
+    from fedjax_sel.engine.simulation import Simulation
     from fedjax_sel.models import make_model
-    from fedjax_sel.simulation import Simulation
     from fedjax_sel.training import LocalConfig
 
     k = 16
@@ -606,8 +606,8 @@ def test_strategy_with_validation_loss_and_fitted_optima_against_numpy(tmp_path)
     cross-entropy of the current model on each client's held-out split minus its fitted
     F_k^*, Gamma' its maximum, and the kept set the reference code's allocation."""
     from fedjax_sel.data import load_dataset
+    from fedjax_sel.engine.simulation import Simulation
     from fedjax_sel.models import make_model
-    from fedjax_sel.simulation import Simulation
     from fedjax_sel.strategies._ca_fed_common import fit_local_optima
     from fedjax_sel.training import LocalConfig
 

@@ -13,8 +13,8 @@ import pytest
 
 from fedjax_sel.base import ClientOracle, ConfigError, RoundInputs, SimSpec
 from fedjax_sel.data.datasets import _assemble, partition_by_client
+from fedjax_sel.engine.simulation import Simulation
 from fedjax_sel.models import make_model
-from fedjax_sel.simulation import Simulation
 from fedjax_sel.strategies import make_strategy
 from fedjax_sel.strategies._clustered import (
     cluster_average,

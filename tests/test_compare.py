@@ -251,7 +251,7 @@ def test_diverged_and_nan_runs_are_left_out_with_a_count(planted, tmp_path):
 def test_spreads_and_losses_are_lower_is_better_as_in_the_suite():
     """A larger spread of accuracy across clients is worse (``higher_is_better`` said True,
     so compare counted it as a win); compare agrees with the suite on the metrics both use."""
-    from fedjax_sel.experiment import suite
+    from fedjax_sel.benchmark import suite
 
     for metric in (
         "final_client_test_accuracy_std",
@@ -270,7 +270,8 @@ def test_spreads_and_losses_are_lower_is_better_as_in_the_suite():
     for metric in suite.CELL_METRICS:  # the suite's cells, by their meaning
         assert higher_is_better(metric) == (metric not in lower), metric
     assert suite.higher_is_better is higher_is_better  # one definition, the metric table's
-    from fedjax_sel.experiment import leaderboard, metric_table
+    from fedjax_sel.benchmark import leaderboard
+    from fedjax_sel.experiment import metric_table
 
     assert leaderboard.higher_is_better is metric_table.higher_is_better
     assert leaderboard.is_accuracy is metric_table.is_accuracy

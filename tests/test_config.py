@@ -303,8 +303,8 @@ def test_cli_flags_to_a_simulation_for_every_registered_model(model, tmp_path, d
 def test_every_spec_option_refuses_a_bad_value_with_status_2(capsys):
     """--availability, --system and --async specs: a bad option value exits 2 naming it."""
     from fedjax_sel.availability import AVAILABILITY
-    from fedjax_sel.fedbuff import ASYNC
-    from fedjax_sel.system import SYSTEMS
+    from fedjax_sel.engine.fedbuff import ASYNC
+    from fedjax_sel.engine.system import SYSTEMS
 
     checked = 0
     for flag, registry, extra in (

@@ -14,8 +14,8 @@ from fedjax_sel.availability import bernoulli
 from fedjax_sel.base import ConfigError, RoundInputs, SimSpec
 from fedjax_sel.data import load_dataset
 from fedjax_sel.engine.round import round_keys, select_phase
+from fedjax_sel.engine.simulation import Simulation
 from fedjax_sel.models import make_model
-from fedjax_sel.simulation import Simulation
 from fedjax_sel.strategies import make_strategy
 from fedjax_sel.strategies.divfl import (
     DivFLState,

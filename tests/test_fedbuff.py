@@ -20,11 +20,11 @@ from fedjax_sel.base import (
 )
 from fedjax_sel.data.client_data import from_client_arrays
 from fedjax_sel.data.datasets import FederatedDataset
-from fedjax_sel.fedbuff import FedBuff, fedbuff, from_spec
+from fedjax_sel.engine.fedbuff import FedBuff, fedbuff, from_spec
+from fedjax_sel.engine.simulation import Simulation
+from fedjax_sel.engine.system import SystemModel, SystemState, lognormal, model_kbit
 from fedjax_sel.models import make_model
-from fedjax_sel.simulation import Simulation
 from fedjax_sel.strategies import make_strategy
-from fedjax_sel.system import SystemModel, SystemState, lognormal, model_kbit
 from fedjax_sel.training.local import LocalConfig
 
 K, D, NC = 12, 5, 3
@@ -92,7 +92,7 @@ def _gd(w, b, x, y):
 
 
 def _reference(xs, ys, w0, b0, dur, trace, concurrency, buffer, alpha, rounds):
-    """FedBuff event by event (the semantics of fedjax_sel.fedbuff's docstring)."""
+    """FedBuff event by event (the semantics of fedjax_sel.engine.fedbuff's docstring)."""
     n_slots = concurrency
     client = np.zeros(n_slots, int)
     finish = np.full(n_slots, np.inf, np.float32)

@@ -319,8 +319,8 @@ def test_simulation_runs_both_phases():
     """A short digits run through warm-up, greedy and GP rounds (real oracle: all-client
     losses, the extra round's training)."""
     from fedjax_sel.data import load_dataset
+    from fedjax_sel.engine.simulation import Simulation
     from fedjax_sel.models import make_model
-    from fedjax_sel.simulation import Simulation
     from fedjax_sel.training import LocalConfig
 
     ds = load_dataset("digits", num_clients=16, partition="dirichlet:0.3", seed=0)

@@ -179,9 +179,9 @@ def test_every_pick_meets_the_engine_deadline():
     """In a simulation with the engine's deadline equal to FedCS's, no FedCS pick is a
     straggler (each one's download, update and upload end within its serial schedule)."""
     from fedjax_sel.data import load_dataset
+    from fedjax_sel.engine.simulation import Simulation
+    from fedjax_sel.engine.system import lognormal
     from fedjax_sel.models import make_model
-    from fedjax_sel.simulation import Simulation
-    from fedjax_sel.system import lognormal
     from fedjax_sel.training import LocalConfig
 
     ds = load_dataset("digits", num_clients=24, partition="dirichlet:0.5", seed=0)

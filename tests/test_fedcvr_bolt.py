@@ -14,11 +14,11 @@ import pytest
 from fedjax_sel.base import ConfigError, RoundInputs, SimSpec
 from fedjax_sel.data import load_dataset
 from fedjax_sel.engine.round import round_keys, select_phase
+from fedjax_sel.engine.simulation import Simulation
 from fedjax_sel.kernels.boltzmann import sample_per_coalition, standardize_within
 from fedjax_sel.kernels.covariance import init_covariance, value_vector
 from fedjax_sel.kernels.spectral import CoalitionConfig
 from fedjax_sel.models import make_model
-from fedjax_sel.simulation import Simulation
 from fedjax_sel.strategies import make_strategy
 from fedjax_sel.strategies._sketch import sketch_coordinates, sketch_one
 from fedjax_sel.strategies.divfl import flatten_stacked

@@ -26,11 +26,11 @@ from hypothesis import strategies as st
 from fedjax_sel.availability.fedscale_trace import load_behaviour_trace
 from fedjax_sel.availability.trace import load_trace
 from fedjax_sel.base import ConfigError
+from fedjax_sel.benchmark.suite import parse_suite
 from fedjax_sel.cli import main
 from fedjax_sel.config import RunConfig, read_config_file
 from fedjax_sel.data import load_dataset
 from fedjax_sel.data.loaders import load_npz
-from fedjax_sel.experiment.suite import parse_suite
 from fedjax_sel.experiment.sweep import expand_sweep
 
 FUZZ = settings(

@@ -13,9 +13,9 @@ import pytest
 
 from fedjax_sel.base import ClientOracle, ConfigError, RoundFeedback, RoundInputs, SimSpec
 from fedjax_sel.data import load_dataset
+from fedjax_sel.engine.simulation import Simulation
 from fedjax_sel.kernels import hetero_select as hs
 from fedjax_sel.models import make_model
-from fedjax_sel.simulation import Simulation
 from fedjax_sel.strategies import make_strategy
 from fedjax_sel.strategies.hetero_select import HeteroSelectState, compute_components
 from fedjax_sel.training import LocalConfig

@@ -17,7 +17,7 @@ SCRIPT = textwrap.dedent(
     from fedjax_sel.availability import bernoulli
     from fedjax_sel.data import load_dataset
     from fedjax_sel.models import make_model
-    from fedjax_sel.simulation import Simulation, default_mesh
+    from fedjax_sel.engine.simulation import Simulation, default_mesh
     from fedjax_sel.strategies import make_strategy
     from fedjax_sel.training import LocalConfig
 

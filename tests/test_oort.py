@@ -15,9 +15,9 @@ import pytest
 
 from fedjax_sel.base import ConfigError, RoundFeedback, RoundInputs, SimSpec
 from fedjax_sel.data import load_dataset
+from fedjax_sel.engine.simulation import Simulation
 from fedjax_sel.kernels import oort as ok
 from fedjax_sel.models import make_model
-from fedjax_sel.simulation import Simulation
 from fedjax_sel.strategies import make_strategy
 from fedjax_sel.training import LocalConfig
 
@@ -371,7 +371,7 @@ def test_oort_saves_simulated_time_against_uniform():
     spread): Oort's rounds (over-committed, durations penalised above the pacer's percentile)
     take less simulated time than uniform picks under the same profiles; the clock is the sum
     of the rounds' durations, each the slowest kept client's."""
-    from fedjax_sel.system import lognormal
+    from fedjax_sel.engine.system import lognormal
 
     ds = load_dataset("digits", num_clients=24, partition="dirichlet:0.5", seed=0)
     model = make_model("logreg", input_shape=ds.input_shape, num_classes=10)

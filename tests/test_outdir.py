@@ -15,10 +15,11 @@ import pytest
 from test_experiment import small as experiment_small
 
 from fedjax_sel.base import ConfigError
+from fedjax_sel.benchmark import run as suite_run
+from fedjax_sel.benchmark import suite as suite_lib
 from fedjax_sel.cli import main
 from fedjax_sel.config import RunConfig
-from fedjax_sel.experiment import run_experiment, run_sweep, suite_run
-from fedjax_sel.experiment import suite as suite_lib
+from fedjax_sel.experiment import run_experiment, run_sweep
 from fedjax_sel.experiment.outdir import LOCK, Lock, check_distinct_folders, folder_name
 from fedjax_sel.experiment.sweep import expand_sweep
 

@@ -14,8 +14,8 @@ import pytest
 
 from fedjax_sel.availability.fedscale_trace import load_behaviour_trace
 from fedjax_sel.base import ConfigError
+from fedjax_sel.engine.system import load_device_capacity
 from fedjax_sel.safe_pickle import RefusedPickle, load_plain_pickle
-from fedjax_sel.system import load_device_capacity
 
 
 class _Exploit:

@@ -13,10 +13,10 @@ from fedjax_sel.availability import bernoulli
 from fedjax_sel.base import ConfigError
 from fedjax_sel.config import RunConfig
 from fedjax_sel.data import load_dataset
+from fedjax_sel.engine.simulation import Simulation
 from fedjax_sel.experiment import finished_result, run_experiment
 from fedjax_sel.experiment.outputs import TIMING_KEYS
 from fedjax_sel.models import make_model
-from fedjax_sel.simulation import Simulation
 from fedjax_sel.strategies import make_strategy
 from fedjax_sel.training import LocalConfig
 
@@ -129,7 +129,7 @@ def test_donated_rounds_give_the_same_results_and_consume_their_input(digits, ho
     assert jax.tree.leaves(given.params)[0].is_deleted()
     # a state holding one buffer in two fields (CA-Fed's init does) is donated once: the
     # second field gets a copy
-    from fedjax_sel.simulation import distinct_buffers
+    from fedjax_sel.engine.simulation import distinct_buffers
 
     x = jnp.arange(6.0)
     tree = distinct_buffers({"a": x, "b": x, "c": jnp.ones(2)})

@@ -18,8 +18,8 @@ import pytest
 from fedjax_sel.availability import markov
 from fedjax_sel.data import load_dataset
 from fedjax_sel.engine.round import select_phase, streams_aggregate
+from fedjax_sel.engine.simulation import Simulation
 from fedjax_sel.models import make_model
-from fedjax_sel.simulation import Simulation
 from fedjax_sel.strategies import STRATEGIES, make_strategy
 from fedjax_sel.training import LocalConfig
 

@@ -14,10 +14,10 @@ import pytest
 from scipy import stats
 
 from fedjax_sel.base import ConfigError
+from fedjax_sel.benchmark import leaderboard
+from fedjax_sel.benchmark import suite as suite_lib
 from fedjax_sel.cli import main
 from fedjax_sel.config import RunConfig
-from fedjax_sel.experiment import leaderboard
-from fedjax_sel.experiment import suite as suite_lib
 from fedjax_sel.experiment.loop import chunk_length
 
 TINY = {
@@ -475,7 +475,7 @@ def test_rerun_of_a_recorded_cell_reproduces_its_metrics_bit_for_bit(tiny, argv,
     printed = capsys.readouterr().out
     assert "every metric equals its record, bit for bit" in printed
     assert before == {p: p.stat().st_mtime_ns for p in res.rglob("*") if p.is_file()}
-    from fedjax_sel.experiment.rerun import rerun_cell
+    from fedjax_sel.benchmark.rerun import rerun_cell
 
     suite = suite_lib.load_suite(path)
     cell, seed = argv[1], int(argv[3])

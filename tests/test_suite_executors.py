@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from fedjax_sel.base import ConfigError
+from fedjax_sel.benchmark import suite as suite_lib
 from fedjax_sel.cli import main
-from fedjax_sel.experiment import suite as suite_lib
 from fedjax_sel.experiment.outdir import Lock
 from fedjax_sel.experiment.records import (
     INVOCATIONS,

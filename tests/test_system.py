@@ -15,10 +15,8 @@ import pytest
 from fedjax_sel.base import ConfigError
 from fedjax_sel.data import load_dataset
 from fedjax_sel.engine.round import select_phase, train_phase
-from fedjax_sel.models import make_model
-from fedjax_sel.simulation import Simulation
-from fedjax_sel.strategies import make_strategy
-from fedjax_sel.system import (
+from fedjax_sel.engine.simulation import Simulation
+from fedjax_sel.engine.system import (
     SYSTEMS,
     client_work,
     durations,
@@ -29,6 +27,8 @@ from fedjax_sel.system import (
     overcommitted,
     round_timing,
 )
+from fedjax_sel.models import make_model
+from fedjax_sel.strategies import make_strategy
 from fedjax_sel.training import LocalConfig
 
 

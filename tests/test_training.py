@@ -445,7 +445,7 @@ def test_persistent_client_state_is_stored_and_restored_by_client_id():
     clients continue from their own stored momentum (by client id, whatever their slot), the
     others' states stay untouched, and the server applies the FedAvg average."""
     from fedjax_sel.data.datasets import FederatedDataset
-    from fedjax_sel.simulation import Simulation
+    from fedjax_sel.engine.simulation import Simulation
     from fedjax_sel.strategies import make_strategy
 
     sizes = [5, 6, 4, 7]

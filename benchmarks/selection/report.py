@@ -21,8 +21,8 @@ RESULTS = "benchmarks/results/selection/cpu"
 
 def generated() -> dict[Path, str]:
     """Each generated file and its text, from the committed per-seed records."""
-    from fedjax_sel.experiment import leaderboard
-    from fedjax_sel.experiment.suite import load_suite
+    from fedjax_sel.benchmark import leaderboard
+    from fedjax_sel.benchmark.suite import load_suite
 
     suite = load_suite(ROOT / SUITE_FILE)
     doc = leaderboard.build(suite, ROOT / RESULTS)

@@ -148,8 +148,8 @@ def measure_one(
 
     from fedjax_sel.availability import from_spec as availability_from_spec
     from fedjax_sel.data import load_dataset
+    from fedjax_sel.engine.simulation import Simulation
     from fedjax_sel.models import make_model
-    from fedjax_sel.simulation import Simulation
     from fedjax_sel.strategies import make_strategy
     from fedjax_sel.training import LocalConfig
 

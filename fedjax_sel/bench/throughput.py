@@ -51,13 +51,13 @@ from fedjax_sel.bench.common import (
 )
 from fedjax_sel.data.client_data import from_client_arrays
 from fedjax_sel.data.datasets import FederatedDataset
-from fedjax_sel.fedbuff import from_spec as async_from_spec
+from fedjax_sel.engine.fedbuff import from_spec as async_from_spec
+from fedjax_sel.engine.simulation import Simulation, default_mesh
+from fedjax_sel.engine.system import from_spec as system_from_spec
 from fedjax_sel.models import Model, from_linen, make_model, masked_mean
 from fedjax_sel.models.base import with_conv_impl
 from fedjax_sel.models.flops import train_step_flops
-from fedjax_sel.simulation import Simulation, default_mesh
 from fedjax_sel.strategies import make_strategy
-from fedjax_sel.system import from_spec as system_from_spec
 from fedjax_sel.training.autotune import resolve_parallel
 from fedjax_sel.training.local import (
     LocalConfig,

@@ -39,12 +39,10 @@ from fedjax_sel.base import (
     TrainResult,
 )
 from fedjax_sel.data.datasets import FederatedDataset
+from fedjax_sel.engine.fedbuff import FedBuff, SlotsState, schedule, staleness_weight
+from fedjax_sel.engine.log import RoundLog, round_diagnostics
 from fedjax_sel.engine.state import SimData, SimState, SlotTiming
-from fedjax_sel.fedbuff import FedBuff, SlotsState, schedule, staleness_weight
-from fedjax_sel.models import Model
-from fedjax_sel.models.base import with_conv_impl
-from fedjax_sel.round_log import RoundLog, round_diagnostics
-from fedjax_sel.system import (
+from fedjax_sel.engine.system import (
     SystemModel,
     client_work,
     durations,
@@ -53,6 +51,8 @@ from fedjax_sel.system import (
     overcommitted,
     round_timing,
 )
+from fedjax_sel.models import Model
+from fedjax_sel.models.base import with_conv_impl
 from fedjax_sel.training import evaluate as ev
 from fedjax_sel.training.hparams import HParams
 from fedjax_sel.training.local import LocalConfig, make_trainer, split_conv
@@ -170,7 +170,7 @@ class RoundSpec:
         (``auto``: the backend's rule; the measured choice is made before, by
         :func:`fedjax_sel.training.autotune.resolve_parallel`), the default availability
         (always on), server optimizer (FedAvg) and, for strategies that read durations, device
-        profile (log-normal). Arguments as :class:`fedjax_sel.simulation.Simulation`'s."""
+        profile (log-normal). Arguments as :class:`fedjax_sel.engine.simulation.Simulation`'s."""
         local.validate()
         k = dataset.num_clients
         if per_round < 1 or per_round > k:

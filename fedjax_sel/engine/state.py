@@ -36,7 +36,7 @@ class SimState:
         model).
       system_state: the system model's per-client speeds, or ``None``.
       async_state: asynchronous FL's in-flight slots and buffer
-        (:class:`fedjax_sel.fedbuff.SlotsState`), or ``None`` for synchronous rounds.
+        (:class:`fedjax_sel.engine.fedbuff.SlotsState`), or ``None`` for synchronous rounds.
       hparams: the traced hyperparameters (:class:`~fedjax_sel.training.hparams.HParams`:
         client and server learning rates, FedProx mu); members of a vmapped batch may differ
         in them.
@@ -58,7 +58,7 @@ class SimState:
 
 
 class SlotTiming(NamedTuple):
-    """The system model's decisions for a round's slots (see :func:`fedjax_sel.system.
+    """The system model's decisions for a round's slots (see :func:`fedjax_sel.engine.system.
     round_timing`): the strategy's own mask, each slot's step limit (``None`` without a
     deadline), full duration, and the round's duration, dropouts and stragglers."""
 

@@ -6,8 +6,8 @@ and paired comparisons (README, "Comparing strategies").
   run together (``fedjax-sel sweep``); finished cells are never recomputed.
 * :func:`compare`: means and 95% confidence intervals per strategy, paired differences against
   a baseline (``fedjax-sel compare``).
-* :func:`run_suite` and :mod:`.leaderboard`: the selection benchmark, tasks x scenarios x
-  strategies x paired seeds with a Holm-adjusted leaderboard (``fedjax-sel suite``).
+
+The selection benchmark (``fedjax-sel suite``) is the floor above: :mod:`fedjax_sel.benchmark`.
 """
 
 from fedjax_sel.experiment.build import build_simulation, load_data_for
@@ -23,8 +23,6 @@ from fedjax_sel.experiment.outputs import (
     write_json,
 )
 from fedjax_sel.experiment.run import run_experiment, run_group
-from fedjax_sel.experiment.suite import load_suite, parse_suite
-from fedjax_sel.experiment.suite_run import run_suite
 from fedjax_sel.experiment.sweep import (
     Cell,
     Sweep,
@@ -45,8 +43,6 @@ __all__ = [
     "load_checkpoint",
     "load_data_for",
     "load_runs",
-    "parse_suite",
-    "load_suite",
     "load_sweep",
     "plot_curves",
     "program_key",
@@ -57,7 +53,6 @@ __all__ = [
     "run_cells",
     "run_experiment",
     "run_group",
-    "run_suite",
     "run_sweep",
     "save_checkpoint",
     "strip_timings",

@@ -1,5 +1,5 @@
 """From a :class:`~fedjax_sel.config.RunConfig` to the objects a run needs: its data set,
-model, local-training settings and :class:`~fedjax_sel.simulation.Simulation`."""
+model, local-training settings and :class:`~fedjax_sel.engine.simulation.Simulation`."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import math
 import jax
 
 from fedjax_sel import availability as availability_lib
-from fedjax_sel import system as system_lib
 from fedjax_sel.config import RunConfig, check_per_round
 from fedjax_sel.data.datasets import FederatedDataset, load_dataset
-from fedjax_sel.fedbuff import from_spec as async_from_spec
+from fedjax_sel.engine import system as system_lib
+from fedjax_sel.engine.fedbuff import from_spec as async_from_spec
+from fedjax_sel.engine.simulation import Simulation, default_mesh
 from fedjax_sel.input_checks import check_claimed_bytes
 from fedjax_sel.models import Model, make_model
-from fedjax_sel.simulation import Simulation, default_mesh
 from fedjax_sel.strategies import make_strategy
 from fedjax_sel.training.autotune import resolve_parallel
 from fedjax_sel.training.local import LocalConfig

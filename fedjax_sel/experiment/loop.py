@@ -28,6 +28,7 @@ from fedjax_sel.base import ConfigError
 from fedjax_sel.config import RunConfig
 from fedjax_sel.data.datasets import FederatedDataset
 from fedjax_sel.distributed import is_primary, to_host
+from fedjax_sel.engine.log import RoundLog
 from fedjax_sel.experiment import checkpoint as ckpt
 from fedjax_sel.experiment.outputs import (
     CHECKPOINT,
@@ -45,7 +46,6 @@ from fedjax_sel.experiment.outputs import (
     write_jsonl,
 )
 from fedjax_sel.experiment.provenance import code_record, same_code
-from fedjax_sel.round_log import RoundLog
 from fedjax_sel.strategies.registry import traced_hyperparams, traced_values
 from fedjax_sel.training.hparams import TRACED_FIELDS
 

@@ -23,6 +23,7 @@ from fedjax_sel.base import ConfigError
 from fedjax_sel.config import RunConfig
 from fedjax_sel.data.datasets import FederatedDataset
 from fedjax_sel.distributed import is_primary, to_host
+from fedjax_sel.engine.simulation import Simulation
 from fedjax_sel.engine.state import (
     NotStackable,
     SimData,
@@ -48,7 +49,6 @@ from fedjax_sel.experiment.outdir import claim, owned
 from fedjax_sel.experiment.outputs import CHECKPOINT, METRICS
 from fedjax_sel.experiment.personalized import run_personalized
 from fedjax_sel.models import Model
-from fedjax_sel.simulation import Simulation
 from fedjax_sel.strategies.registry import traced_values
 from fedjax_sel.training.hparams import HParams
 from fedjax_sel.tree import nbytes

@@ -2,7 +2,7 @@
 and FedScale's version, github.com/SymbioticLab/FedScale, compared in docs/hetero_select.md,
 "Oort"), as pure fixed-shape functions over ``float32[K]`` client arrays.
 
-Durations come from the simulation's shared device profiles (:mod:`fedjax_sel.system`, the
+Durations come from the simulation's shared device profiles (:mod:`fedjax_sel.engine.system`, the
 FedScale completion-time model), and over-commitment is the engine's.
 
 * :func:`preferred_duration`: the pacer's duration ``D*`` at the ``T``-th percentile.

@@ -10,7 +10,7 @@ lazy-update period of ``update_every`` steps (default: one local epoch of the me
 * Peer weightings (:class:`~fedjax_sel.personalized.simulator.PersonalizedSimulation`):
   ``sp_cacw``, ``local``, ``uniform``, ``oracle`` (uniform over the target's true cluster),
   ``similarity`` (gradient cosine).
-* Model averaging, on the engine's :class:`~fedjax_sel.simulation.Simulation` with every
+* Model averaging, on the engine's :class:`~fedjax_sel.engine.simulation.Simulation` with every
   client every round: ``fedavg`` (strategy ``full``: one global model, each target evaluated
   on its own test split) and ``ifca`` (the engine's ``ifca`` strategy with ``per_round = K``:
   each target evaluated under the cluster model with its lowest training loss).
@@ -160,7 +160,7 @@ def _engine_program(
 ) -> PersonalizedProgram:
     """FedAvg (``full``) or IFCA (``ifca``) on the engine, every client every round."""
     del clusters
-    from fedjax_sel.simulation import Simulation
+    from fedjax_sel.engine.simulation import Simulation
     from fedjax_sel.strategies import make_strategy
     from fedjax_sel.strategies._clustered import assigned_client_metrics
     from fedjax_sel.strategies.ifca import assign_by_loss

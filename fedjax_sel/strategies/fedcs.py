@@ -7,7 +7,7 @@ paper's Algorithm 3; docs/comparators/fedcs.md). Each round:
 
 1. *Resource request*: ``C K`` clients drawn uniformly at random among the available ones (the
    candidates ``K'``) report their resources; here their device profile of the round
-   (:mod:`fedjax_sel.system`): update time ``t^UD_k`` (local computation,
+   (:mod:`fedjax_sel.engine.system`): update time ``t^UD_k`` (local computation,
    ``RoundInputs.compute_seconds``), upload time ``t^UL_k`` and download time ``t^DL_k`` (each
    half of ``RoundInputs.comm_seconds``: one model each way at the client's bandwidth).
 2. *Selection*: the greedy that fits the most clients into the deadline ``T_round``. The

@@ -21,7 +21,7 @@ count. Every round (1-based ``t``), over the available clients:
    used 1.1, FedScale 1.3): of the picks, the first ``per_round`` finishers are aggregated
    (uniform mean); the stragglers get the round's mean utility (they count as explored).
 
-Durations come from the simulation's shared device profiles (:mod:`fedjax_sel.system`,
+Durations come from the simulation's shared device profiles (:mod:`fedjax_sel.engine.system`,
 ``RoundInputs.durations``; the default log-normal profile when none is given), so the system
 utility and the pacer matter, and the round's simulated time is the engine's clock.
 

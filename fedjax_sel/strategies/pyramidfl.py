@@ -41,7 +41,7 @@ strategy to ask for per-slot step counts (``Selection`` has no such field; the t
 ``step_limit`` is set only by the engine's deadline, :func:`fedjax_sel.engine.round.apply_timing`);
 (b) more steps than ``LocalConfig.local_steps`` (the trainer's ``fori_loop`` has that static
 length; ``r_k`` up to 11 needs a loop of ``11 U`` steps masked per slot); (c) the clock
-(:func:`fedjax_sel.system.round_timing`) charges every slot its configured work, not
+(:func:`fedjax_sel.engine.system.round_timing`) charges every slot its configured work, not
 ``iters_k`` steps nor ``(1 - d_k)`` of its upload; (d) per-tensor update dropout: the
 aggregation weighs each slot's whole update by one scalar. The plan is kept in the state
 (``plan_iters``, ``plan_dropout``) and summarised in the round's diagnostics.

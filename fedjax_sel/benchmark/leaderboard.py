@@ -1,5 +1,5 @@
 """The selection benchmark's statistics and outputs, computed from the per-seed records alone
-(``OUT/per_seed/<task>.json``, :mod:`fedjax_sel.experiment.suite`).
+(``OUT/per_seed/<task>.json``, :mod:`fedjax_sel.benchmark.suite`).
 
 Per task, scenario, strategy and metric: the mean over the evaluation seeds with its 95%
 Student-t interval, the paired difference against the baseline (uniform sampling) with its
@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from fedjax_sel.benchmark.suite import SUITE_VERSION, Suite
 from fedjax_sel.experiment.compare import holm, mean_ci, paired_stats
 from fedjax_sel.experiment.metric_table import (
     CELL_METRICS,
@@ -44,7 +45,6 @@ from fedjax_sel.experiment.outputs import (
     write_json,
 )
 from fedjax_sel.experiment.records import Store, read_invocations
-from fedjax_sel.experiment.suite import SUITE_VERSION, Suite
 
 LEVEL = 0.95
 BOOTSTRAP = 2000

@@ -1,6 +1,6 @@
 """Asynchronous FL inside the compiled program: FedBuff (Nguyen et al., "Federated Learning
 with Buffered Asynchronous Aggregation", AISTATS 2022, Algorithm 1), driven by the virtual
-clock of :mod:`fedjax_sel.system`.
+clock of :mod:`fedjax_sel.engine.system`.
 
 ``C`` clients are in flight at once (fixed slots). A client trains from the model version it
 downloaded; when it finishes, its update enters the server's buffer with the staleness weight

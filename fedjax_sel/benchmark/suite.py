@@ -51,9 +51,9 @@ to replace it unless ``overwrite`` (``--overwrite``) is given.
 
 This module reads suite files and defines the cells and units of work (a strategy's tuning
 grid, its evaluation seeds in a scenario: one compiled program each);
-:mod:`fedjax_sel.experiment.suite_run` runs them (in this process, as a shard, or on Ray:
-:mod:`fedjax_sel.experiment.ray_executor`), :mod:`fedjax_sel.experiment.records` keeps and
-merges their records, and :mod:`fedjax_sel.experiment.leaderboard` turns the records into
+:mod:`fedjax_sel.benchmark.run` runs them (in this process, as a shard, or on Ray:
+:mod:`fedjax_sel.benchmark.ray_executor`), :mod:`fedjax_sel.experiment.records` keeps and
+merges their records, and :mod:`fedjax_sel.benchmark.leaderboard` turns the records into
 ``leaderboard.json/csv/md``, ``ranking.json`` and the pictures.
 """
 
@@ -481,7 +481,7 @@ def deadline_for(suite: Suite, task: Task, scenario: Scenario, draws: int = 4000
     over the evaluation seeds' profiles), with the scenario's over-commitment."""
     import jax
 
-    from fedjax_sel import system as system_lib
+    from fedjax_sel.engine import system as system_lib
     from fedjax_sel.experiment.build import load_data_for, model_for
 
     baseline = next(e for e in suite.strategies if e.label == suite.baseline)

@@ -32,6 +32,8 @@ from fedjax_sel.base import (
 from fedjax_sel.data.datasets import FederatedDataset
 from fedjax_sel.distributed import to_host
 from fedjax_sel.engine import round as round_lib
+from fedjax_sel.engine.fedbuff import init_slots
+from fedjax_sel.engine.log import RoundLog
 from fedjax_sel.engine.round import RoundSpec
 from fedjax_sel.engine.state import (
     SimData,
@@ -39,14 +41,12 @@ from fedjax_sel.engine.state import (
     stack_states,
     state_axes,
 )
-from fedjax_sel.fedbuff import init_slots
-from fedjax_sel.members import MEMBERS_AXIS
-from fedjax_sel.models import Model
-from fedjax_sel.round_log import RoundLog
-from fedjax_sel.strategies.hyperparams import init_with_hyperparams
-from fedjax_sel.system import (
+from fedjax_sel.engine.system import (
     SystemModel,
 )
+from fedjax_sel.members import MEMBERS_AXIS
+from fedjax_sel.models import Model
+from fedjax_sel.strategies.hyperparams import init_with_hyperparams
 from fedjax_sel.training import evaluate as ev
 from fedjax_sel.training.hparams import HParams
 from fedjax_sel.training.local import LocalConfig, client_optimizer, parallel_spec
@@ -88,7 +88,7 @@ class Simulation:
         training (and a padded data set's client axis) over several devices.
       n_max: the largest client any simulated data set holds (default: ``dataset``'s); larger
         when the data of several seeds run stacked (:meth:`run_rounds_batch`).
-      system: device profiles (:mod:`fedjax_sel.system`): every round gets a simulated
+      system: device profiles (:mod:`fedjax_sel.engine.system`): every round gets a simulated
         duration and the virtual clock advances; ``None``: no time (strategies that need
         durations, e.g. Oort, get the default log-normal profile).
       deadline: seconds after which a round stops waiting (stragglers contribute the local
@@ -97,7 +97,7 @@ class Simulation:
         ``per_round`` finishers (needs ``system``); the strategy must select that many slots.
       dropout: probability that a selected client fails and sends nothing.
       asynchronous: run asynchronous FL instead of synchronous rounds
-        (:class:`fedjax_sel.fedbuff.FedBuff`; needs ``system``): a "round" is then one server
+        (:class:`fedjax_sel.engine.fedbuff.FedBuff`; needs ``system``): a "round" is then one server
         update, its ``per_round`` the concurrency.
     """
 

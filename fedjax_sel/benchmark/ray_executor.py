@@ -3,8 +3,8 @@
 
 The driver (this process, holding ``OUT``'s lock) sends each *unit* of work to Ray as one
 task: the cells that run as one compiled program, a strategy's tuning grid on one task, or
-its evaluation seeds in one scenario (:func:`~fedjax_sel.experiment.suite.tuning_cells`,
-:func:`~fedjax_sel.experiment.suite.eval_cells`). A strategy's evaluation units go out when
+its evaluation seeds in one scenario (:func:`~fedjax_sel.benchmark.suite.tuning_cells`,
+:func:`~fedjax_sel.benchmark.suite.eval_cells`). A strategy's evaluation units go out when
 its tuning unit is back and its lr chosen, so units of different strategies, tasks and
 scenarios run side by side.
 
@@ -38,19 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from fedjax_sel.base import ConfigError
-from fedjax_sel.experiment.outdir import folder_name
-from fedjax_sel.experiment.outputs import read_json, write_json
-from fedjax_sel.experiment.records import (
-    INVOCATIONS,
-    PER_SEED,
-    Store,
-    invocation_entry,
-    machine_info,
-    part_folder,
-    read_invocations,
-    task_store,
-)
-from fedjax_sel.experiment.suite import (
+from fedjax_sel.benchmark.suite import (
     SUITE_VERSION,
     Entry,
     Planned,
@@ -63,7 +51,19 @@ from fedjax_sel.experiment.suite import (
     tuned_scenarios,
     tuning_cells,
 )
-from fedjax_sel.experiment.suite_units import pending_groups, run_group, task_deadlines
+from fedjax_sel.benchmark.units import pending_groups, run_group, task_deadlines
+from fedjax_sel.experiment.outdir import folder_name
+from fedjax_sel.experiment.outputs import read_json, write_json
+from fedjax_sel.experiment.records import (
+    INVOCATIONS,
+    PER_SEED,
+    Store,
+    invocation_entry,
+    machine_info,
+    part_folder,
+    read_invocations,
+    task_store,
+)
 
 POLL_SECONDS = 2.0
 

@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from fedjax_sel.base import ConfigError
+from fedjax_sel.benchmark.suite import Suite, cell_metrics
 from fedjax_sel.config import RunConfig
 from fedjax_sel.experiment.loop import program_key
 from fedjax_sel.experiment.records import Store
 from fedjax_sel.experiment.run import run_group
-from fedjax_sel.experiment.suite import Suite, cell_metrics
 
 
 def parse_cell(cell: str, suite: Suite) -> tuple[str, str, str]:

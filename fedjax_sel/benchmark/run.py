@@ -23,20 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from fedjax_sel.base import ConfigError
-from fedjax_sel.config import RunConfig
-from fedjax_sel.experiment.outdir import owned
-from fedjax_sel.experiment.outputs import read_json, write_json
-from fedjax_sel.experiment.records import (
-    INVOCATIONS,
-    Store,
-    invocation_entry,
-    merge_parts,
-    part_folder,
-    part_store,
-    shard_share,
-    task_store,
-)
-from fedjax_sel.experiment.suite import (
+from fedjax_sel.benchmark.suite import (
     SUITE_VERSION,
     Entry,
     Planned,
@@ -52,7 +39,20 @@ from fedjax_sel.experiment.suite import (
     tuned_scenarios,
     tuning_cells,
 )
-from fedjax_sel.experiment.suite_units import pending_groups, run_group, task_deadlines
+from fedjax_sel.benchmark.units import pending_groups, run_group, task_deadlines
+from fedjax_sel.config import RunConfig
+from fedjax_sel.experiment.outdir import owned
+from fedjax_sel.experiment.outputs import read_json, write_json
+from fedjax_sel.experiment.records import (
+    INVOCATIONS,
+    Store,
+    invocation_entry,
+    merge_parts,
+    part_folder,
+    part_store,
+    shard_share,
+    task_store,
+)
 
 EXECUTORS = ("local", "ray")
 
@@ -91,7 +91,7 @@ def run_suite(
 ) -> float:
     """Runs (or resumes) a suite into ``out``: every cell without a matching record runs and is
     recorded in ``out/per_seed/`` (a shard: in its part). Returns the wall seconds;
-    :func:`fedjax_sel.experiment.leaderboard.write` turns the records into the leaderboard.
+    :func:`fedjax_sel.benchmark.leaderboard.write` turns the records into the leaderboard.
 
     ``out`` is locked while the suite writes (:mod:`.outdir`); a cell whose record or folder
     holds another configuration's results is refused before it runs, unless ``overwrite``.
@@ -118,7 +118,7 @@ def run_suite(
         write_json(out / "suite.json", suite.source)
         merge_parts(out, overwrite=overwrite, echo=echo)
         if kind == "ray":
-            from fedjax_sel.experiment.ray_executor import run_on_ray
+            from fedjax_sel.benchmark.ray_executor import run_on_ray
 
             run_on_ray(
                 suite,

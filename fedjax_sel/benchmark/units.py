@@ -8,8 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from fedjax_sel.base import ConfigError
-from fedjax_sel.experiment.records import Store, cell_execution
-from fedjax_sel.experiment.suite import (
+from fedjax_sel.benchmark.suite import (
     SUITE_VERSION,
     Planned,
     Suite,
@@ -18,6 +17,7 @@ from fedjax_sel.experiment.suite import (
     cell_metrics,
     deadline_for,
 )
+from fedjax_sel.experiment.records import Store, cell_execution
 
 
 def task_deadlines(suite: Suite, task: Task, echo: Callable) -> dict[str, float]:
