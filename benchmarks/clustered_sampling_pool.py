@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sel.base import RoundInputs
-from fedjax_sel.bench.common import machine_info
+from fedjax_sel.experiment.provenance import machine_info
 from fedjax_sel.strategies import make_strategy
 from fedjax_sel.strategies.clustered_sampling import ClusteredSimilarityState
 

@@ -29,7 +29,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_sel.bench.common import machine_info, print_table, write_json_rows
+from fedjax_sel.bench.common import print_table, write_json_rows
+from fedjax_sel.experiment.provenance import machine_info
 from fedjax_sel.kernels.affinity import normalize_rows
 from fedjax_sel.kernels.kmeans import adjusted_rand_index
 from fedjax_sel.kernels.spectral import coalition_embedding, spectral_clustering

@@ -20,8 +20,9 @@ import sys
 
 import jax
 
-from fedjax_sel.bench.common import machine_info, print_table, write_json_rows
+from fedjax_sel.bench.common import print_table, write_json_rows
 from fedjax_sel.bench.workloads import WORKLOADS, standin
+from fedjax_sel.experiment.provenance import machine_info
 from fedjax_sel.models import make_model
 from fedjax_sel.training.autotune import choose_parallel
 from fedjax_sel.training.local import LocalConfig, auto_parallel
@@ -31,7 +32,7 @@ def measure(per_round: int, clients: int, budget_s: float) -> dict:
     w = WORKLOADS["cnn_femnist"]
     ds = standin(w, clients=clients)
     model = make_model(w.model, input_shape=w.input_shape, num_classes=w.num_classes)
-    cfg = LocalConfig(batch_size=w.batch, lr=w.lr, local_steps=None, local_epochs=1)
+    cfg = LocalConfig(batch_size=w.batch, local_steps=None, local_epochs=1)
     choice = choose_parallel(model, cfg, ds.train, per_round, budget_s=budget_s, use_cache=False)
     rule = auto_parallel(model, jax.default_backend())
     best = min(choice.timings.values()) if choice.timings else None

@@ -25,7 +25,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_sel.bench.common import machine_info, print_table, time_call, write_json_rows
+from fedjax_sel.bench.common import print_table, time_call, write_json_rows
+from fedjax_sel.experiment.provenance import machine_info
 from fedjax_sel.models.conv import convolutions
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))

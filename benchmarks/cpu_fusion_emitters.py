@@ -63,13 +63,16 @@ def worker(name: str, data_dir: str | None) -> dict:
     from fedjax_sel.bench.common import time_call
     from fedjax_sel.config import RunConfig
     from fedjax_sel.experiment.build import build_simulation
+    from fedjax_sel.experiment.resolve import resolve
+    from fedjax_sel.training import HParams
 
     fields = dict(WORKLOADS[name], local_steps=10, batch_size=32, lr=0.05, rounds=4 * CHUNK)
     fields["eval_every"] = CHUNK  # rounds per compiled chunk
     if data_dir is not None and fields["dataset"] == "mnist":
         fields["data_path"] = data_dir
-    sim = build_simulation(RunConfig(**fields))
-    state = jax.block_until_ready(sim.init(0))
+    resolved = resolve(RunConfig(**fields))
+    sim = build_simulation(resolved)
+    state = jax.block_until_ready(sim.init(0, hparams=HParams.from_config(resolved.config)))
     # the first call compiles the chunk, then runs it; the steady chunk is the fastest repeat
     t = time_call(lambda: sim.run_rounds(state, CHUNK)[0], repeats=3, warmup=1)
     first, chunk = t["first_seconds"], t["min_seconds"]
@@ -100,7 +103,8 @@ def main() -> None:
         print(json.dumps(worker(args.worker, args.data_dir)))
         return
 
-    from fedjax_sel.bench.common import machine_info, print_table, write_json_rows
+    from fedjax_sel.bench.common import print_table, write_json_rows
+    from fedjax_sel.experiment.provenance import machine_info
 
     names = [n for n in WORKLOADS if args.data_dir is not None or "MNIST" not in n]
     rows = []

@@ -24,7 +24,8 @@ import subprocess
 import sys
 import time
 
-from fedjax_sel.bench.common import machine_info, print_table, write_json_rows
+from fedjax_sel.bench.common import print_table, write_json_rows
+from fedjax_sel.experiment.provenance import machine_info
 
 COLUMNS = [
     ("K", "clients", "{:,}"),
@@ -49,7 +50,7 @@ def child(clients: int, assembly: str) -> dict:
         ds = load_dataset("leaf_synthetic", num_clients=clients, seed=0, max_examples=20)
     else:  # the whole pool first, then assembled from it (what load_dataset did before)
         x, y, client = synthetic.leaf_synthetic(jax.random.key(0), clients, max_examples=20)
-        ds = datasets._assemble(
+        ds = datasets.assemble(
             "leaf_synthetic",
             x,
             y,

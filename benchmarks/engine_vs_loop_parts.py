@@ -39,15 +39,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sel.bench import throughput as tp
-from fedjax_sel.bench.common import interleaved_times, machine_info, print_table, write_json_rows
+from fedjax_sel.bench.common import interleaved_times, print_table, write_json_rows
+from fedjax_sel.experiment.provenance import machine_info
 from fedjax_sel.models import make_model
 from fedjax_sel.models.base import with_conv_impl
 from fedjax_sel.models.flops import train_step_flops
+from fedjax_sel.training.hparams import HParams
 from fedjax_sel.training.local import (
     LocalConfig,
     make_client_update,
     make_trainer,
-    split_conv,
+    parse_parallel,
 )
 
 WEIGHT_PASSES = 5  # as benchmarks/gpu_roofline.py
@@ -67,14 +69,15 @@ def measure(
 ) -> dict:
     shape, classes, tokens, _ = tp.MODEL_SPECS[model_name]
     model = make_model(model_name, input_shape=shape, num_classes=classes)
-    parallel, conv = split_conv(mode)  # "map:conv=xla_nhwc": the engine's convolution
-    if conv is not None:
-        model = with_conv_impl(model, conv)
+    parallel = parse_parallel(mode)  # "map:conv=xla_nhwc": the engine's convolution
+    if parallel.conv is not None:
+        model = with_conv_impl(model, parallel.conv)
     bsz = batch_size
     sizes = tp.client_sizes("steps", per_round, 2 * bsz * local_steps)
     xs, ys, scale = tp.random_clients(shape, classes, tokens, sizes)
     ds = tp.dataset_of(model_name, shape, classes, xs, ys, scale)
-    local = LocalConfig(batch_size=bsz, lr=0.01, local_steps=local_steps)
+    local = LocalConfig(batch_size=bsz, local_steps=local_steps)
+    hparams = HParams.of(tp.LR)
     params = model.init(jax.random.key(0))
     data = jax.device_put(ds.train)
     key = jax.random.key(5)
@@ -85,7 +88,7 @@ def measure(
     loop_step = tp._loop_step(tp.loop_model(model), (xs, ys, scale), sizes, local, "steps", params)
 
     update = make_client_update(model, local, int(data.n_max))
-    one_update = jax.jit(lambda p, d, c, k: update(p, None, d, c, k)[0])
+    one_update = jax.jit(lambda p, d, c, k: update(p, None, d, c, k, hparams)[0])
     accumulate = jax.jit(lambda acc, p, w: jax.tree.map(lambda a, b: a + w * b, acc, p))
     zeros = jax.tree.map(jnp.zeros_like, params)
 
@@ -97,8 +100,10 @@ def measure(
         return acc
 
     trainer = make_trainer(model, local, int(data.n_max), parallel=parallel)
-    train = jax.jit(lambda p, d, c, k: trainer(p, d, c, jnp.ones_like(c, bool), k).params)
-    one_round, _ = tp._engine(model, ds, per_round, mode, local, 2 * repeats + 4)
+    train = jax.jit(
+        lambda p, d, c, k: trainer.train(p, d, c, jnp.ones_like(c, bool), k, hparams=hparams).params
+    )
+    one_round, _ = tp._engine(model, ds, per_round, parallel, local, 2 * repeats + 4)
     calls = {
         "loop": loop,
         "loop, one jitted step per minibatch": loop_step,
@@ -109,7 +114,9 @@ def measure(
         w = jnp.asarray(weights, jnp.float32)
         streamed = jax.jit(
             lambda p, d, c, k: (
-                trainer(p, d, c, jnp.ones_like(c, bool), k, aggregate_weights=w).weighted_delta
+                trainer.train(
+                    p, d, c, jnp.ones_like(c, bool), k, hparams=hparams, aggregate_weights=w
+                ).weighted_delta
             )
         )
         calls[f"trainer ({mode}), aggregated as it trains"] = lambda: streamed(

@@ -27,11 +27,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_sel.bench.common import machine_info, print_table, time_call, write_json_rows
+from fedjax_sel.bench.common import print_table, time_call, write_json_rows
 from fedjax_sel.engine.state import stack_states
 from fedjax_sel.experiment.build import build_simulation
-from fedjax_sel.reproduce import ca_fed
-from fedjax_sel.training import local
+from fedjax_sel.experiment.provenance import machine_info
+from fedjax_sel.experiment.resolve import resolve
+from fedjax_sel.training import HParams, local
+from studies import ca_fed_setup
 
 
 def argsort_epoch_positions(key, count, n_max: int, batch_size: int):
@@ -83,15 +85,17 @@ def permutation_rows(repeats: int, clients: int = 100, batch_size: int = 32) -> 
 
 
 def simulation_row(repeats: int, seeds: int = 10, rounds: int = 10) -> dict:
-    profile, scale = ca_fed.PROFILES["paper"], ca_fed.SCALES["paper"]
-    config = ca_fed.make_config(
+    profile, scale = ca_fed_setup.PROFILES["paper"], ca_fed_setup.SCALES["paper"]
+    config = ca_fed_setup.make_config(
         "ca_fed", "synthetic", profile, scale, lr=(0.001, 1.0), rounds=200
     ).replace(parallel="chunked:4", eval_every=rounds)
     seconds, finals = {}, {}
     for variant in ("before", "after"):
         with engine_shuffle(variant):
-            sim = build_simulation(config)
-            states = stack_states([sim.init(seed=s) for s in range(seeds)])
+            resolved = resolve(config)
+            sim = build_simulation(resolved)
+            hparams = HParams.from_config(resolved.config)
+            states = stack_states([sim.init(seed=s, hparams=hparams) for s in range(seeds)])
 
             def run(sim=sim, states=states):
                 return sim.run_rounds_batch(states, None, rounds)[0].params
@@ -106,7 +110,7 @@ def simulation_row(repeats: int, seeds: int = 10, rounds: int = 10) -> dict:
     )
     return {
         "what": f"CA-Fed Fig. 1 Synthetic, paper size, {seeds} seeds batched",
-        "n_max": sim.n_max,
+        "n_max": sim.dataset.train.n_max,
         "clients": config.num_clients,
         "before_ms": 1e3 * seconds["before"] / (rounds * seeds),
         "after_ms": 1e3 * seconds["after"] / (rounds * seeds),

@@ -63,11 +63,11 @@ step() {  # step SECONDS NAME COMMAND...
     pack
 }
 scale() {  # scale NAME STRATEGY
-    step "$SCALE_S" "scale_$1" "$PY" -m fedjax_sel.cli bench scale --strategy "$2" \
+    step "$SCALE_S" "scale_$1" "$PY" -m fedjax_sel bench scale --strategy "$2" \
         --clients "$K" --per-round "$P" --out "$RES/scale_$1.json"
 }
 throughput() {  # throughput MODEL PER_ROUND PRECISION
-    step "$TP_S" "tp_$1_$3" env JAX_DEFAULT_MATMUL_PRECISION="$3" "$PY" -m fedjax_sel.cli \
+    step "$TP_S" "tp_$1_$3" env JAX_DEFAULT_MATMUL_PRECISION="$3" "$PY" -m fedjax_sel \
         bench throughput --model "$1" --per-round "$2" --mode vmap --work steps \
         --local-steps 10 --batch-size 32 --out "$RES/tp_$1_$3.json"
 }
@@ -88,17 +88,17 @@ print(jax.__version__, flax.__version__, optax.__version__, chex.__version__, ja
             FEDJAX_SEL_FAILURE_LOG="$OUT/test_failures.log" \
             "$PY" -m pytest -v -rfEs -n "${GPU_CHECK_WORKERS:-12}" --dist loadfile \
             -p no:cacheprovider --timeout 300 --junitxml "$RES/tests.xml" tests ;;
-    workloads_cnn) step 240 workloads_cnn "$PY" -m fedjax_sel.cli bench workloads \
+    workloads_cnn) step 240 workloads_cnn "$PY" -m fedjax_sel bench workloads \
         --workload cnn_femnist --rounds "$WL_ROUNDS" $WL_CLIENTS \
         ${GPU_CHECK_DATA:+--data-dir "$GPU_CHECK_DATA"} --out "$RES/workloads_cnn.json" ;;
-    workloads_rest) step 90 workloads_rest "$PY" -m fedjax_sel.cli bench workloads \
+    workloads_rest) step 90 workloads_rest "$PY" -m fedjax_sel bench workloads \
         $WL_REST $WL_CLIENTS \
         ${GPU_CHECK_DATA:+--data-dir "$GPU_CHECK_DATA"} --out "$RES/workloads_rest.json" ;;
     conv_choice) step 90 conv_choice "$PY" benchmarks/conv_choice.py $CONV_ARGS \
         --out "$RES/conv_choice.json" ;;
     suite_rate) step 90 suite_rate "$PY" benchmarks/suite_rate.py $RATE_ARGS \
         --out "$RES/suite_rate.json" ;;
-    kernel_ca_fed) step 90 kernel_ca_fed "$PY" -m fedjax_sel.cli bench kernels \
+    kernel_ca_fed) step 90 kernel_ca_fed "$PY" -m fedjax_sel bench kernels \
         --kernel ca_fed_get --clients "$K" --out "$RES/kernel_ca_fed.json" ;;
     scale_ca_fed) scale ca_fed ca_fed ;;
     scale_all_client)

@@ -10,17 +10,13 @@ from __future__ import annotations
 
 import argparse
 
-from fedjax_sel.bench import kernels_main
+from fedjax_sel.bench import kernels
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--kernel", action="append", help="kernel name (repeatable; default all)")
-    p.add_argument("--clients", type=int, action="append", help="K values (repeatable)")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--out", default=None)
-    a = p.parse_args()
-    kernels_main(kernels=a.kernel, clients=a.clients, repeats=a.repeats, out=a.out)
+    kernels.add_arguments(p)  # the flags of fedjax-sel bench kernels
+    kernels.main(p.parse_args())
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import fedjax_sel
-from fedjax_sel.bench.common import machine_info, write_json_rows
+from fedjax_sel.bench.common import write_json_rows
+from fedjax_sel.experiment.provenance import machine_info
 
 
 def checkout() -> tuple[str, str]:

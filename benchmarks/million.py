@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from fedjax_sel.bench.common import machine_info
+from fedjax_sel.experiment.provenance import machine_info
 
 COMMAND = [
     "run",

@@ -17,10 +17,11 @@ import os
 import tempfile
 from pathlib import Path
 
-from fedjax_sel.bench.common import machine_info, print_table, write_json_rows
+from fedjax_sel.bench.common import print_table, write_json_rows
 from fedjax_sel.bench.trace_phases import phase_seconds, plot_phases
 from fedjax_sel.config import RunConfig
 from fedjax_sel.experiment import run_experiment
+from fedjax_sel.experiment.provenance import machine_info
 
 GROUPS = {
     "select": ("availability", "selection"),

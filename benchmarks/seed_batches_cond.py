@@ -24,6 +24,8 @@ from labelled_runs import write_labelled_run
 from fedjax_sel.bench.common import print_table, time_call
 from fedjax_sel.config import RunConfig
 from fedjax_sel.experiment.build import build_simulation, load_data_for
+from fedjax_sel.experiment.resolve import resolve
+from fedjax_sel.training import HParams
 
 CASES = {
     "divfl": {},  # warm start in round 0, then the regular round
@@ -31,17 +33,17 @@ CASES = {
 }
 
 
-def seconds_per_member_round(sim, seeds: list[int], rounds: int, repeats: int) -> float:
+def seconds_per_member_round(sim, hparams, seeds: list[int], rounds: int, repeats: int) -> float:
     """Best of ``repeats`` timed calls of ``rounds`` rounds after round 0 (compiled first),
     per member-round; one seed runs unbatched, as a run of one seed does."""
     if len(seeds) == 1:
-        state, _ = sim.run_rounds(sim.init(seeds[0]), 1)  # round 0 (DivFL's warm start)
+        state, _ = sim.run_rounds(sim.init(seeds[0], hparams=hparams), 1)  # DivFL's warm start
 
         def call():
             return jax.block_until_ready(sim.run_rounds(state, rounds)[0].params)
 
     else:
-        states, _ = sim.run_rounds_batch(sim.init_batch(seeds), None, 1)
+        states, _ = sim.run_rounds_batch(sim.init_batch(seeds, hparams=hparams), None, 1)
 
         def call():
             return jax.block_until_ready(sim.run_rounds_batch(states, None, rounds)[0].params)
@@ -67,10 +69,12 @@ def measure(num_clients: int, per_round: int, members: int, rounds: int, repeats
             seed=0,
             parallel="vmap",
             server_fraction=0.1 if strategy == "filfl" else 0.0,  # FilFL's filter set
-        ).resolve()
-        sim = build_simulation(config, load_data_for(config))
-        alone = seconds_per_member_round(sim, [0], rounds, repeats)
-        batched = seconds_per_member_round(sim, list(range(members)), rounds, repeats)
+        )
+        resolved = resolve(config)
+        sim = build_simulation(resolved, load_data_for(resolved.config))
+        hparams = HParams.from_config(resolved.config)
+        alone = seconds_per_member_round(sim, hparams, [0], rounds, repeats)
+        batched = seconds_per_member_round(sim, hparams, list(range(members)), rounds, repeats)
         rows.append(
             {
                 "strategy": strategy,

@@ -24,7 +24,7 @@ from labelled_runs import write_labelled_run
 from fedjax_sel.bench.common import print_table, time_call
 from fedjax_sel.data import from_client_arrays
 from fedjax_sel.models import make_model
-from fedjax_sel.training import LocalConfig
+from fedjax_sel.training import HParams, LocalConfig, parse_parallel
 from fedjax_sel.training.local import make_trainer
 
 
@@ -40,17 +40,18 @@ def measure(per_round: int, repeats: int) -> list[dict]:
     data = from_client_arrays(xs, ys, layout="flat")
     model = make_model("logreg", input_shape=(784,), num_classes=10)
     params = model.init(jax.random.key(0))
-    cfg = LocalConfig(batch_size=64, lr=0.1, local_steps=16)
+    cfg = LocalConfig(batch_size=64, local_steps=16)
+    hparams = HParams.of(0.1)
     clients = jnp.arange(per_round, dtype=jnp.int32)
     keys = jax.random.split(jax.random.key(1), 2)
     same = jnp.ones((2, per_round), bool)
     differ = same.at[1, 0].set(False)
     rows = []
     for mode in ("map", "vmap"):
-        trainer = make_trainer(model, cfg, data.n_max, parallel=mode)
+        trainer = make_trainer(model, cfg, data.n_max, parallel=parse_parallel(mode))
 
         def train(p, k, active, trainer=trainer):
-            return trainer(p, data, clients, active, k).params
+            return trainer.train(p, data, clients, active, k, hparams=hparams).params
 
         alone = best_seconds(jax.jit(train), params, keys[0], same[0], repeats=repeats)
         batched = jax.jit(jax.vmap(train, in_axes=(None, 0, 0)))

@@ -25,7 +25,8 @@ import argparse
 import jax
 import jax.numpy as jnp
 
-from fedjax_sel.bench.common import interleaved_times, machine_info, print_table, write_json_rows
+from fedjax_sel.bench.common import interleaved_times, print_table, write_json_rows
+from fedjax_sel.experiment.provenance import machine_info
 
 MLP_LAYER = (784, 200)  # the MLP's first layer
 ROW_COUNTS = [10, 32, 100, 1000]

@@ -22,12 +22,14 @@ import statistics
 from pathlib import Path
 
 from fedjax_sel.bench import throughput as tp
-from fedjax_sel.bench.common import interleaved_times, machine_info, print_table, write_json_rows
-from fedjax_sel.engine.round import streams_aggregate
+from fedjax_sel.bench.common import interleaved_times, print_table, write_json_rows
+from fedjax_sel.engine import RoundSpec
+from fedjax_sel.engine.phases import streams_aggregate
 from fedjax_sel.engine.simulation import Simulation
+from fedjax_sel.experiment.provenance import machine_info
 from fedjax_sel.models import make_model
 from fedjax_sel.strategies import make_strategy
-from fedjax_sel.training import LocalConfig
+from fedjax_sel.training import HParams, LocalConfig, parse_parallel
 
 
 def measure(
@@ -51,25 +53,19 @@ def measure(
     xs, ys, scale = tp.random_clients(shape, classes, tokens, sizes)
     ds = tp.dataset_of(model.name, shape, classes, xs, ys, scale)
     if work == "steps":
-        local = LocalConfig(batch_size=bsz, lr=0.01, local_steps=10)
+        local = LocalConfig(batch_size=bsz, local_steps=10)
     else:
-        local = LocalConfig(batch_size=bsz, lr=0.01, local_steps=None, local_epochs=1)
+        local = LocalConfig(batch_size=bsz, local_steps=None, local_epochs=1)
     calls = {}
     for label, reads in (("streamed", False), ("stacked", True)):
         strategy = make_strategy("full", per_round)._replace(reads_deltas=reads)
-        sim = Simulation(
-            ds,
-            model,
-            strategy,
-            local=local,
-            per_round=per_round,
-            num_rounds=2 * repeats + 4,
-            parallel=mode,
-            chunk_size=1,
+        spec = RoundSpec.create(
+            ds, model, strategy, local=local, per_round=per_round, parallel=parse_parallel(mode)
         )
-        if streams_aggregate(sim.round_spec) == reads:
+        sim = Simulation(spec, ds, num_rounds=2 * repeats + 4, chunk_size=1)
+        if streams_aggregate(spec) == reads:
             raise SystemExit(f"--mode {mode} does not stream the aggregation (use map)")
-        state = [sim.init(0)]
+        state = [sim.init(0, hparams=HParams.of(tp.LR))]
 
         def one_round(sim=sim, state=state):
             state[0] = sim.run_chunk(state[0])[0]

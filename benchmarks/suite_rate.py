@@ -19,8 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from fedjax_sel.bench.common import machine_info, print_table, write_json_rows
+from fedjax_sel.bench.common import print_table, write_json_rows
 from fedjax_sel.benchmark.run import run_suite
+from fedjax_sel.experiment.provenance import machine_info
 
 
 def suite_spec(task: str, seeds: int, grid: int, rounds: int, clients: int) -> dict:

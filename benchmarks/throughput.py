@@ -13,32 +13,20 @@ import argparse
 import os
 
 if os.environ.get("FEDJAX_SEL_CPU_DEVICES"):  # before JAX starts its backends
-    from fedjax_sel.cli import set_cpu_devices
+    from fedjax_sel.cli.main import set_cpu_devices
 
     set_cpu_devices(None)
 
-from fedjax_sel.bench import throughput_main  # noqa: E402
+from fedjax_sel.bench import throughput  # noqa: E402
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--model", action="append", help="logreg, mlp, cnn, lstm (repeatable)")
-    p.add_argument("--per-round", type=int, action="append", help="clients per round P")
-    p.add_argument("--mode", action="append", help="auto, vmap, map, chunked:C, all")
-    p.add_argument("--local-steps", type=int, default=10)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--out", default=None)
+    throughput.add_arguments(p)  # the flags of fedjax-sel bench throughput
+    p.set_defaults(repeats=3)
     a = p.parse_args()
-    throughput_main(
-        models=a.model or ["logreg", "mlp", "cnn"],
-        per_rounds=a.per_round or [None],
-        modes=a.mode,
-        local_steps=a.local_steps,
-        batch_size=a.batch_size,
-        repeats=a.repeats,
-        out=a.out,
-    )
+    a.model = a.model or ["logreg", "mlp", "cnn"]
+    throughput.main(a)
 
 
 if __name__ == "__main__":

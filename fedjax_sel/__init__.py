@@ -19,6 +19,8 @@ _EXPORTS = {
     # configuration and runs
     "RunConfig": "fedjax_sel.config",
     "load_config": "fedjax_sel.config",
+    "resolve": "fedjax_sel.experiment.resolve",
+    "Resolved": "fedjax_sel.experiment.resolve",
     "run_experiment": "fedjax_sel.experiment",
     "run_group": "fedjax_sel.experiment",
     "run_sweep": "fedjax_sel.experiment",
@@ -28,8 +30,12 @@ _EXPORTS = {
     "RunResult": "fedjax_sel.experiment",
     # the engine
     "Simulation": "fedjax_sel.engine.simulation",
+    "RoundSpec": "fedjax_sel.engine",
+    "init_state": "fedjax_sel.engine",
+    "round_fn": "fedjax_sel.engine",
     "SimState": "fedjax_sel.engine.state",
     "LocalConfig": "fedjax_sel.training",
+    "HParams": "fedjax_sel.training",
     "server_optimizer": "fedjax_sel.training",
     # the protocol
     "Strategy": "fedjax_sel.base",
@@ -58,8 +64,8 @@ _EXPORTS = {
     "AVAILABILITY": "fedjax_sel.availability",
     "register_availability": "fedjax_sel.availability",
     "availability_from_spec": ("fedjax_sel.availability", "from_spec"),
-    "REPRODUCTIONS": "fedjax_sel.reproduce",
-    "run_reproduction": "fedjax_sel.reproduce",
+    "REPRODUCTIONS": "fedjax_sel.experiment.reproductions",
+    "run_reproduction": "fedjax_sel.experiment.reproductions",
     "PERSONALIZED_METHODS": "fedjax_sel.personalized.methods",
     "run_method": "fedjax_sel.experiment.personalized",
     "PersonalizedConfig": "fedjax_sel.personalized",

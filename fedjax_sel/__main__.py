@@ -2,6 +2,6 @@
 
 import sys
 
-from fedjax_sel.cli import main
+from fedjax_sel.cli.main import main
 
 sys.exit(main())

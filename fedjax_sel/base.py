@@ -267,9 +267,11 @@ class Strategy(NamedTuple):
       asynchronous: the strategy can pick who starts when a slot frees up in asynchronous FL
         (:mod:`fedjax_sel.engine.fedbuff`): its ``update`` reads only client-indexed feedback, so it
         accepts the arrivals of an event step as the "selection".
-      hyperparams: the names of the hyperparameters traced in its state
-        (:func:`fedjax_sel.strategies.hyperparams.inject_hyperparams`); a grid of them shares
-        one compiled program.
+      hyperparams: the hyperparameters traced in its state and the values it was built with,
+        ``(name, value)`` pairs (``dict(strategy.hyperparams)``), as
+        :func:`fedjax_sel.strategies.hyperparams.inject_hyperparams` sets them; a grid of them
+        shares one compiled program. Pairs, not a dict, so that a strategy stays hashable (a
+        static argument of ``jax.jit``).
       reads_deltas: its ``update`` reads ``RoundFeedback.deltas`` (the slots' models). Where
         it does not (``False``) and the clients train one after another (``map``), the round
         adds each client's update into the aggregate as it trains and never holds the P
@@ -284,7 +286,7 @@ class Strategy(NamedTuple):
     metrics: Callable[[PyTree, Params, Evaluator], dict] | None = None
     needs_system: bool = False
     asynchronous: bool = False
-    hyperparams: tuple[str, ...] = ()
+    hyperparams: tuple[tuple[str, float], ...] = ()
     reads_deltas: bool = True
 
 
@@ -324,7 +326,3 @@ class AvailabilityModel(NamedTuple):
 
 class ConfigError(ValueError):
     """A configuration, argument or input file that cannot work; the message names it."""
-
-
-class DivergenceError(RuntimeError):
-    """Raised (or reported) when a run produces a non-finite loss or parameters."""

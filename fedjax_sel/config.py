@@ -4,11 +4,13 @@ Each field is declared once, with its default, type and help text; the ``fedjax-
 flags are generated from the fields (:func:`add_config_flags`), a TOML or JSON file gives the
 same fields by name (:func:`load_config`), and ``config.json`` written by a run reloads into
 the identical configuration. Option dictionaries (``strategy_args``, ``dataset_args``,
-``model_args``) are typed by the registries when the configuration is resolved.
+``model_args``) are typed by the registries when the configuration is resolved
+(:func:`fedjax_sel.experiment.resolve.resolve`, which also parses its specs); this module
+declares, checks and (de)serialises, and imports no registry.
 
->>> cfg = RunConfig(strategy="power_of_choice", strategy_args={"d": "20"}).resolve()
->>> cfg.strategy_args
-{'d': 20}
+>>> cfg = RunConfig(strategy="power_of_choice", strategy_args={"d": "20"}, rounds="5").validate()
+>>> cfg.rounds, cfg.strategy_args
+(5, {'d': '20'})
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ import dataclasses
 import hashlib
 import json
 import math
+import tomllib
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -84,7 +87,8 @@ INT_MAX = 2**31 - 1
 class RunConfig:
     """Everything ``fedjax-sel run`` takes (``fedjax-sel run --help`` documents each field).
 
-    Frozen: :meth:`validate`, :meth:`resolve` and :meth:`replace` return new configurations.
+    Frozen: :meth:`validate` and :meth:`replace` return new configurations (and
+    :func:`fedjax_sel.experiment.resolve.resolve` a resolved one).
 
     ``local_steps`` and ``local_epochs`` are exclusive; when neither is given, 10 local steps.
     ``None`` for ``num_clients``, ``partition`` and ``model`` means the data set's default.
@@ -332,72 +336,6 @@ class RunConfig:
                 values["local_steps"] = 10
         return dataclasses.replace(self, **values)
 
-    def resolve(self) -> RunConfig:
-        """The validated configuration with its option dictionaries typed through their
-        registries (unknown or malformed options: a :class:`ConfigError` naming them); ``self``
-        is unchanged. Resolving a resolved configuration returns an equal one."""
-        config = self.validate()
-        changes: dict[str, Any] = {}
-        if config.mode == "personalized":
-            from fedjax_sel.personalized.methods import PERSONALIZED_METHODS
-
-            # what the personalized engine never reads: refused rather than silently ignored
-            ignored = [
-                _flag(f)
-                for f in dataclasses.fields(config)
-                if f.name in PERSONALIZED_IGNORES and getattr(self, f.name) != f.default
-            ]
-            if ignored:
-                raise ConfigError(
-                    f"mode=personalized trains every client against every target each round "
-                    f"and ignores {', '.join(ignored)}: leave them out"
-                )
-
-            changes["strategy_args"] = PERSONALIZED_METHODS.resolve(
-                config.strategy, config.strategy_args
-            )
-        else:
-            from fedjax_sel.strategies import STRATEGIES
-
-            changes["strategy_args"] = STRATEGIES.resolve(config.strategy, config.strategy_args)
-        from fedjax_sel.availability import AVAILABILITY
-        from fedjax_sel.data.datasets import DATASETS
-        from fedjax_sel.models import MODELS
-        from fedjax_sel.registry import parse_spec
-        from fedjax_sel.training.local import check_parallel_spec
-
-        check_parallel_spec(config.parallel)
-        changes["dataset_args"] = DATASETS.resolve(config.dataset, config.dataset_args)
-        model = config.model or DATASETS[config.dataset].info["default_model"]
-        changes["model_args"] = MODELS.resolve(model, config.model_args)
-        name, positional, pairs = parse_spec(config.availability, what="availability")
-        AVAILABILITY.resolve(name, pairs, positional)
-        if config.system is not None:
-            from fedjax_sel.engine.system import SYSTEMS
-
-            name, positional, pairs = parse_spec(config.system, what="system model")
-            SYSTEMS.resolve(name, pairs, positional)
-        elif config.deadline is not None or config.overcommit != 1.0:
-            raise ConfigError(
-                "--deadline and --overcommit need device profiles: give --system (e.g. "
-                "--system lognormal)"
-            )
-        if config.asynchronous is not None:
-            from fedjax_sel.engine.fedbuff import from_spec as async_from_spec
-
-            if config.mode != "global":
-                raise ConfigError("--async runs global-model strategies (mode=global) only")
-            if config.system is None:
-                raise ConfigError(
-                    "--async needs device profiles for its clock: give --system (e.g. "
-                    "--system lognormal)"
-                )
-            changes["per_round"] = async_from_spec(
-                config.asynchronous, config.per_round
-            ).concurrency
-            check_per_round(changes["per_round"], config.num_clients, " (--async's concurrency)")
-        return dataclasses.replace(config, **changes)
-
     # ------------------------------------------------------------------------- (de)serialise
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -460,6 +398,16 @@ PERSONALIZED_IGNORES = frozenset(
 )
 
 
+def personalized_ignored(config: RunConfig) -> list[str]:
+    """The flags of the settings ``config`` gives (away from their defaults) that
+    ``mode=personalized`` does not read."""
+    return [
+        _flag(f)
+        for f in dataclasses.fields(config)
+        if f.name in PERSONALIZED_IGNORES and getattr(config, f.name) != f.default
+    ]
+
+
 def _in_range(value: float, meta: Mapping[str, Any]) -> bool:
     return not (
         (meta["positive"] and not value > 0)
@@ -515,8 +463,6 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     try:
         text = path.read_text()
         if path.suffix.lower() == ".toml":
-            import tomllib
-
             data = tomllib.loads(text)
         else:
             data = json.loads(text)
@@ -603,8 +549,3 @@ def typed_settings(pairs: Mapping[str, Any], *, what: str) -> dict[str, Any]:
         if key in hints and isinstance(value, str) and _flag_type(hints[key]) in (int, float):
             out[key] = convert(value, hints[key], what=what, key=key)
     return out
-
-
-def config_flag_names() -> Sequence[str]:
-    """Every generated flag (for the README check)."""
-    return [_flag(f) for f in dataclasses.fields(RunConfig)]

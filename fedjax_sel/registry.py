@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.metadata
 import inspect
 import math
 import pkgutil
@@ -239,10 +240,6 @@ class Option:
     default: Any
     annotation: Any
 
-    @property
-    def type_name(self) -> str:
-        return _type_name(self.annotation)
-
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
@@ -298,6 +295,9 @@ class Registry(Mapping[str, Entry]):
       fixed: factory parameters supplied by the code, not by the user (``per_round``).
       package: a package whose modules register entries on import; they are imported the
         first time the registry is read (``prefix`` restricts them by module name).
+      entry_points: an entry-point group (``[project.entry-points."GROUP"]`` of an installed
+        distribution's ``pyproject.toml``): the modules it names register entries on import,
+        and are imported then too (plugins outside this package).
       common: options every entry takes (``{"ridge": Option(...)}`` for models); they are
         passed to ``finish(obj, **common)`` after the factory ran.
       finish: see ``common``.
@@ -310,14 +310,15 @@ class Registry(Mapping[str, Entry]):
         fixed: Iterable[str] = (),
         package: str | None = None,
         prefix: str = "",
+        entry_points: str | None = None,
         common: Mapping[str, Option] | None = None,
         finish: Callable[..., Any] | None = None,
     ):
         self.kind = kind
         self.fixed = tuple(fixed)
-        self._package, self._prefix = package, prefix
+        self._package, self._prefix, self._group = package, prefix, entry_points
         self._entries: dict[str, Entry] = {}
-        self._loaded = package is None
+        self._loaded = package is None and entry_points is None
         self.common = dict(common or {})
         self._finish = finish
 
@@ -326,10 +327,21 @@ class Registry(Mapping[str, Entry]):
         if self._loaded:
             return
         self._loaded = True
-        pkg = importlib.import_module(self._package)
-        for m in pkgutil.iter_modules(pkg.__path__):
-            if not m.name.startswith("_") and m.name.startswith(self._prefix):
-                importlib.import_module(f"{self._package}.{m.name}")
+        if self._package is not None:
+            pkg = importlib.import_module(self._package)
+            for m in pkgutil.iter_modules(pkg.__path__):
+                if not m.name.startswith("_") and m.name.startswith(self._prefix):
+                    importlib.import_module(f"{self._package}.{m.name}")
+        for point in importlib.metadata.entry_points(group=self._group) if self._group else ():
+            try:
+                point.load()
+            except ModuleNotFoundError as e:
+                if e.name != point.module:  # an error inside the plugin: its own traceback
+                    raise
+                raise ConfigError(  # a stale install: say which plugin, not a traceback
+                    f"{self.kind} plugin {point.value!r} (entry point {point.name!r} of "
+                    f"{self._group!r}) cannot be imported: {e}"
+                ) from None
 
     def __getitem__(self, name: str) -> Entry:
         self._load()

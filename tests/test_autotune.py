@@ -10,11 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_sel.cli import main
+from fedjax_sel.cli.main import main
 from fedjax_sel.data import from_client_arrays, load_dataset
 from fedjax_sel.experiment import read_metrics, strip_timings
 from fedjax_sel.models import make_model
-from fedjax_sel.training import LocalConfig, make_trainer
+from fedjax_sel.training import HParams, LocalConfig, make_trainer, parse_parallel
 from fedjax_sel.training.autotune import can_win, candidates, choose_parallel
 from fedjax_sel.training.local import executed_steps
 
@@ -29,7 +29,7 @@ def autotune_on(monkeypatch, tmp_path):
 def test_choice_is_measured_then_cached(autotune_on):
     ds = load_dataset("digits", num_clients=12, partition="dirichlet:0.5", seed=0)
     model = make_model("logreg", input_shape=ds.input_shape, num_classes=10)
-    cfg = LocalConfig(batch_size=8, lr=0.1, local_steps=None, local_epochs=1)
+    cfg = LocalConfig(batch_size=8, local_steps=None, local_epochs=1)
     first = choose_parallel(model, cfg, ds.train, 8)
     assert first.source == "measured" and len(first.timings) >= 3
     assert min(first.timings, key=first.timings.get) == first.parallel
@@ -60,7 +60,7 @@ def test_conv_models_also_time_the_convolution(monkeypatch):
 def test_slow_rounds_are_measured_on_fewer_clients_and_never_skip_two(autotune_on):
     ds = load_dataset("digits", num_clients=30, partition="iid", seed=0)
     model = make_model("logreg", input_shape=ds.input_shape, num_classes=10)
-    cfg = LocalConfig(batch_size=8, lr=0.1, local_steps=2)
+    cfg = LocalConfig(batch_size=8, local_steps=2)
     # a budget no call fits in: 16 of the 24 clients, and still the first two candidates
     tight = choose_parallel(model, cfg, ds.train, 24, budget_s=1e-6, use_cache=False)
     assert tight.measured_clients == 16 and len(tight.timings) == 2
@@ -73,7 +73,7 @@ def test_small_slow_rounds_shrink_to_two_clients_and_hopeless_candidates_get_one
 ):
     ds = load_dataset("digits", num_clients=12, partition="iid", seed=0)
     model = make_model("logreg", input_shape=ds.input_shape, num_classes=10)
-    cfg = LocalConfig(batch_size=8, lr=0.1, local_steps=2)
+    cfg = LocalConfig(batch_size=8, local_steps=2)
     # 10 clients a round and no call fits the budget: timed on 2 of them (a ResNet round of
     # 10 clients once spent minutes per candidate call)
     tight = choose_parallel(model, cfg, ds.train, 10, budget_s=1e-6, use_cache=False)
@@ -100,11 +100,11 @@ def test_grouped_epoch_chunks_equal_the_ungrouped_round():
     data = from_client_arrays(xs, ys)
     model = make_model("mlp", input_shape=(5,), num_classes=3, hidden=(6,))
     params = model.init(jax.random.key(0))
-    cfg = LocalConfig(batch_size=4, lr=0.1, local_steps=None, local_epochs=2)
+    cfg = LocalConfig(batch_size=4, local_steps=None, local_epochs=2)
     clients = jnp.array([5, 0, 3, 7, 1, 2])
     out = {
-        mode: make_trainer(model, cfg, data.n_max, parallel=mode)(
-            params, data, clients, jnp.ones(6, bool), jax.random.key(1)
+        mode: make_trainer(model, cfg, data.n_max, parallel=parse_parallel(mode)).train(
+            params, data, clients, jnp.ones(6, bool), jax.random.key(1), hparams=HParams.of(0.1)
         )
         for mode in ("vmap", "map", "chunked:2")
     }

@@ -216,26 +216,26 @@ def test_trace_bad_input_gives_clear_errors(tmp_path):
 
 def test_availability_models_pass_true_parameters_to_strategies():
     from fedjax_sel.data import load_dataset
+    from fedjax_sel.engine import RoundSpec
     from fedjax_sel.engine.simulation import Simulation
     from fedjax_sel.models import make_model
     from fedjax_sel.strategies import make_strategy
-    from fedjax_sel.training import LocalConfig
+    from fedjax_sel.training import HParams, LocalConfig
 
     k = 8
     ds = load_dataset("digits", num_clients=k, partition="iid", seed=0)
     model = make_model("logreg", input_shape=ds.input_shape, num_classes=10)
     availability = markov_population(g=0.25, nu=0.5, eps=0.1)
-    sim = Simulation(
+    spec = RoundSpec.create(
         ds,
         model,
         make_strategy("unbiased", k, estimator="oracle"),
         local=LocalConfig(batch_size=8, local_steps=1),
         per_round=k,
-        num_rounds=2,
         availability=availability,
-        chunk_size=1,
     )
-    state, logs = sim.run_rounds(sim.init(0), 1)
+    sim = Simulation(spec, ds, num_rounds=2, chunk_size=1)
+    state, logs = sim.run_rounds(sim.init(0, hparams=HParams.of(0.01)), 1)
     truth = availability.true_params(state.availability_state)
     # Unbiased weights the trained clients alpha / pi with the true pi (equal sizes here)
     mask, clients = logs.mask[0], logs.clients[0]

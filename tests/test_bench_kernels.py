@@ -62,7 +62,7 @@ def test_cpu_model_is_recorded(tmp_path):
     EPYC are both ``x86_64`` and differ in speed."""
     import platform
 
-    from fedjax_sel.bench.common import cpu_model, machine_info
+    from fedjax_sel.experiment.provenance import cpu_model, machine_info
 
     info = tmp_path / "cpuinfo"
     info.write_text(

@@ -294,7 +294,7 @@ def test_large_kappa_reduces_to_unbiased_with_the_same_weights(estimator):
         pi_hat = (
             np.asarray(truth.pi)
             if estimator == "oracle"
-            else np.asarray(est.estimate(s_ub.counts, prior_rounds=2.0)[0])
+            else np.asarray(est.estimate(s_ub.inner.counts, prior_rounds=2.0)[0])
         )
         np.testing.assert_allclose(
             np.asarray(sel_ub.weights)[np.asarray(sel_ub.mask)],
@@ -342,9 +342,10 @@ def test_loss_filter_eq_17_and_running_minimum():
 
 def test_ca_fed_in_a_simulation_excludes_rarely_available_correlated_clients():
     from fedjax_sel.data import load_dataset
+    from fedjax_sel.engine import RoundSpec
     from fedjax_sel.engine.simulation import Simulation
     from fedjax_sel.models import make_model
-    from fedjax_sel.training import LocalConfig
+    from fedjax_sel.training import HParams, LocalConfig
 
     k = 16
     ds = load_dataset("digits", num_clients=k, partition="dirichlet:0.3", seed=0)
@@ -355,17 +356,16 @@ def test_ca_fed_in_a_simulation_excludes_rarely_available_correlated_clients():
         ("ca_fed_big", {"kappa2": 1e4, "loss_source": "train"}),
         ("unbiased", {}),
     ]:
-        sim = Simulation(
+        spec = RoundSpec.create(
             ds,
             model,
             make_strategy(name.replace("_big", ""), k, **kw),
-            local=LocalConfig(batch_size=16, lr=0.1, local_steps=3),
+            local=LocalConfig(batch_size=16, local_steps=3),
             per_round=k,
-            num_rounds=6,
             availability=markov_population(),
-            chunk_size=6,
         )
-        state, logs = sim.run_rounds(sim.init(3), 6)
+        sim = Simulation(spec, ds, num_rounds=6, chunk_size=6)
+        state, logs = sim.run_rounds(sim.init(3, hparams=HParams.of(0.1)), 6)
         runs[name] = (state, logs)
     state, logs = runs["ca_fed"]
     assert np.any(np.asarray(logs.diagnostics["excluded"]) > 0)
@@ -606,10 +606,11 @@ def test_strategy_with_validation_loss_and_fitted_optima_against_numpy(tmp_path)
     cross-entropy of the current model on each client's held-out split minus its fitted
     F_k^*, Gamma' its maximum, and the kept set the reference code's allocation."""
     from fedjax_sel.data import load_dataset
-    from fedjax_sel.engine.simulation import Simulation
+    from fedjax_sel.engine import RoundSpec, SimData, sim_spec
+    from fedjax_sel.engine.oracle import client_oracle
     from fedjax_sel.models import make_model
     from fedjax_sel.strategies._ca_fed_common import fit_local_optima
-    from fedjax_sel.training import LocalConfig
+    from fedjax_sel.training import HParams, LocalConfig
 
     k = 6
     ds = load_dataset(
@@ -638,13 +639,13 @@ def test_strategy_with_validation_loss_and_fitted_optima_against_numpy(tmp_path)
         keep_all_when_flat=False,
         trace=True,
     )
-    sim = Simulation(ds, model, strategy, local=LocalConfig(), per_round=k, num_rounds=1)
+    spec = RoundSpec.create(ds, model, strategy, local=LocalConfig(), per_round=k)
     params = model.init(jax.random.key(3))
     params = jax.tree.map(lambda p: p + 0.5 * jax.random.normal(jax.random.key(4), p.shape), params)
     inputs = RoundInputs(jnp.int32(0), jnp.ones(k, bool), params, ds.train.counts, truth)
-    sel, state = strategy.select(
-        strategy.init(None, sim.spec(params)), inputs, sim.oracle(sim.data), jax.random.key(5)
-    )
+    oracle = client_oracle(spec, SimData.of(ds), HParams.of(0.01))
+    start = strategy.init(None, sim_spec(ds, params, per_round=k, num_rounds=1))
+    sel, state = strategy.select(start, inputs, oracle, jax.random.key(5))
     w = np.asarray(params["Dense_0"]["kernel"], np.float64)
     b = np.asarray(params["Dense_0"]["bias"], np.float64)
     val = []
@@ -654,7 +655,7 @@ def test_strategy_with_validation_loss_and_fitted_optima_against_numpy(tmp_path)
         logp = logits - np.log(np.exp(logits).sum(1, keepdims=True))
         val.append(-logp[np.arange(len(y)), y].mean())
     val = np.array(val)
-    np.testing.assert_allclose(np.asarray(state.loss_est), val, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(state.inner.loss_est), val, rtol=1e-5)
     gap = val - np.asarray(optima)
     np.testing.assert_allclose(float(sel.diagnostics["gamma"]), gap.max(), rtol=1e-5)
     alpha = np.asarray(ds.train.counts) / np.sum(np.asarray(ds.train.counts))

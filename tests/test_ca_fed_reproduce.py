@@ -17,15 +17,18 @@ from fedjax_sel.availability.markov_population import CLASS_NAMES, population_cl
 from fedjax_sel.base import ConfigError
 from fedjax_sel.bench import kernels_main
 from fedjax_sel.experiment.compare import Run
-from fedjax_sel.reproduce import REPRODUCTIONS
-from fedjax_sel.reproduce import ca_fed as rep
-from fedjax_sel.reproduce.common import (
-    VERDICTS,
-    Study,
+from fedjax_sel.experiment.per_seed import (
     not_recomputed,
     per_seed_stats_in,
     recompute_from_per_seed,
 )
+from fedjax_sel.experiment.reproductions import REPRODUCTIONS
+from fedjax_sel.experiment.resolve import resolve
+from fedjax_sel.experiment.study import Study
+from fedjax_sel.experiment.verdicts import VERDICTS
+from studies import ca_fed as rep
+from studies import ca_fed_readout as readout
+from studies import ca_fed_setup as setup
 
 REQUIRED = (
     "paper claim profile size setting method baseline metric seeds paper_value paper_diff "
@@ -43,11 +46,13 @@ PINNED_TINY_VALUES = {
 
 
 def test_configs_follow_each_profile():
-    paper, code = rep.PROFILES["paper"], rep.PROFILES["code"]
-    cpu, full = rep.SCALES["cpu"], rep.SCALES["paper"]
+    paper, code = setup.PROFILES["paper"], setup.PROFILES["code"]
+    cpu, full = setup.SCALES["cpu"], setup.SCALES["paper"]
     # paper profile: the text (eq. 20's kappa2 = 1, minibatch loss, running-min F^*, four
     # classes, plain SGD at client and server, T = 200)
-    c = rep.make_config("ca_fed", "synthetic", paper, full, lr=(0.1, 1.0), rounds=200).resolve()
+    c = resolve(
+        setup.make_config("ca_fed", "synthetic", paper, full, lr=(0.1, 1.0), rounds=200)
+    ).config
     assert c.strategy_args == {
         "estimator": "oracle",
         "kappa2": 1.0,
@@ -69,16 +74,18 @@ def test_configs_follow_each_profile():
         False,
     )
     assert (c.local_epochs, c.batch_size, c.model_args, c.data_seed) == (2, 32, {"ridge": 0.01}, 0)
-    assert rep.fig1_rounds(paper, full) == 200 and rep.fig2_rounds(full) == 500
-    assert rep.fig1_rounds(paper, cpu) == cpu.rounds
-    capped = rep.make_config("unbiased", "synthetic", paper, cpu, lr=(0.1, 1), rounds=5)
+    assert setup.fig1_rounds(paper, full) == 200 and setup.fig2_rounds(full) == 500
+    assert setup.fig1_rounds(paper, cpu) == cpu.rounds
+    capped = setup.make_config("unbiased", "synthetic", paper, cpu, lr=(0.1, 1), rounds=5)
     assert capped.dataset_args["max_examples"] == cpu.synthetic_max_examples
     # code profile: bias_const 1 = kappa2 0.25, validation loss with fixed F^*, |lambda|,
     # the 50/25/25 population, momentum and weight decay on both sides, T = 150
     optima = tuple(np.linspace(0.1, 0.5, 100))
-    c = rep.make_config(
-        "ca_fed", "synthetic", code, full, lr=(0.01, 0.3), rounds=150, optima=optima
-    ).resolve()
+    c = resolve(
+        setup.make_config(
+            "ca_fed", "synthetic", code, full, lr=(0.01, 0.3), rounds=150, optima=optima
+        )
+    ).config
     assert c.strategy_args["kappa2"] == 0.25 and c.strategy_args["optimum"] == "given"
     assert c.strategy_args["optimum_values"] == pytest.approx(optima)
     assert (c.strategy_args["loss_source"], c.strategy_args["lambda_order"]) == (
@@ -90,40 +97,40 @@ def test_configs_follow_each_profile():
     assert c.test_fraction == 0.75  # the code's 50 training / 150 validation examples
     assert (c.momentum, c.weight_decay, c.persistent_client_state) == (0.9, 0.01, True)
     assert (c.server, c.server_momentum, c.server_weight_decay) == ("momentum", 0.9, 0.01)
-    assert c.availability == "markov:mix=code,id_seed=0" and rep.fig1_rounds(code, full) == 150
+    assert c.availability == "markov:mix=code,id_seed=0" and setup.fig1_rounds(code, full) == 150
     # the reference's torch.nn.Linear, regularised by weight decay alone (no ridge on top)
     assert c.model_args == {"init": "torch"}
     # every round evaluated, for the reference's time-average (tuning keeps its own schedule)
     assert (
         c.eval_every == 1
-        and rep.make_config(
+        and setup.make_config(
             "ca_fed", "synthetic", paper, full, lr=(0.1, 1.0), rounds=200
         ).eval_every
         == full.eval_every
     )
-    mnist = rep.make_config("ca_fed", "mnist", code, full, lr=(0.001, 0.1), rounds=150)
+    mnist = setup.make_config("ca_fed", "mnist", code, full, lr=(0.001, 0.1), rounds=150)
     assert mnist.strategy_args["optimum"] == "zero" and "optimum_values" not in mnist.strategy_args
     assert (mnist.partition, mnist.test_fraction, mnist.batch_size) == ("dirichlet:0.5", 0.2, 64)
-    adafed = rep.make_config("adafed", "mnist", code, cpu, lr=(0.01, 0.1), rounds=5)
+    adafed = setup.make_config("adafed", "mnist", code, cpu, lr=(0.01, 0.1), rounds=5)
     assert adafed.server_lr == 1.0  # the code runs AdaFed with server lr 1
-    f3ast = rep.make_config("f3ast", "mnist", code, cpu, lr=(0.01, 0.1), rounds=5).strategy_args
+    f3ast = setup.make_config("f3ast", "mnist", code, cpu, lr=(0.01, 0.1), rounds=5).strategy_args
     assert f3ast == {"estimator": "oracle", "budget": 50, "variant": "reference"}
-    sweep = rep.make_config("ca_fed", "mnist", code, cpu, lr=(1, 1), rounds=5, kappa=0.1)
+    sweep = setup.make_config("ca_fed", "mnist", code, cpu, lr=(1, 1), rounds=5, kappa=0.1)
     assert sweep.strategy_args["kappa2"] == pytest.approx(0.025)
-    traced = rep.make_config(
+    traced = setup.make_config(
         "ca_fed", "mnist", paper, cpu, lr=(1, 1), rounds=5, availability="markov_clustered"
     )
     assert traced.availability == "markov_clustered" and "trace" not in traced.strategy_args
     with pytest.raises(ConfigError, match="fitted optima"):
-        rep.make_config("ca_fed", "synthetic", code, cpu, lr=(1, 1), rounds=5)
+        setup.make_config("ca_fed", "synthetic", code, cpu, lr=(1, 1), rounds=5)
     # the tuning grid is the code's (a subgrid at the cpu size); AdaFed's server lr is fixed
     assert full.client_lrs == (0.1, 0.03, 0.01, 0.003, 0.001)
     assert full.server_lrs == (1.0, 0.3, 0.1, 0.03, 0.01)
     assert set(cpu.client_lrs) <= set(full.client_lrs) and set(cpu.server_lrs) <= set(
         full.server_lrs
     )
-    assert rep.grid("adafed", code, full) == [(c, 1.0) for c in full.client_lrs]
-    assert len(rep.grid("adafed", paper, full)) == 25
+    assert setup.grid("adafed", code, full) == [(c, 1.0) for c in full.client_lrs]
+    assert len(setup.grid("adafed", paper, full)) == 25
 
 
 def test_reference_average_reads_the_reference_logged_rounds():
@@ -133,27 +140,27 @@ def test_reference_average_reads_the_reference_logged_rounds():
     from fedjax_sel.experiment.compare import Run
 
     want = sorted({ii + 1 for ii in range(150) if (ii < 40 and ii % 3 == 1) or ii % 10 == 9})
-    assert rep.reference_logged_rounds(150) == want and len(want) == 27
-    assert rep.reference_logged_rounds(40) == [r for r in want if r <= 40]
+    assert setup.reference_logged_rounds(150) == want and len(want) == 27
+    assert setup.reference_logged_rounds(40) == [r for r in want if r <= 40]
     acc = np.random.default_rng(0).uniform(size=151)
     records = [{"round": r, "test_accuracy": float(acc[r])} for r in range(1, 151)]
     run = Run(None, "CA-Fed", "synthetic", 0, {}, records)
-    assert rep.reference_average(run, "150") == pytest.approx(acc[want].mean(), rel=1e-12)
+    assert setup.reference_average(run, "150") == pytest.approx(acc[want].mean(), rel=1e-12)
     sparse = Run(None, "CA-Fed", "synthetic", 3, {}, records[9::10])
     with pytest.raises(ConfigError, match=r"after rounds \[2, 5, 8, 11, 14\].*eval_every=1"):
-        rep.reference_average(sparse, "150")
+        setup.reference_average(sparse, "150")
 
 
 def test_learning_rate_option():
-    got = rep.parse_lrs("synthetic.ca_fed=0.01/0.3; mnist.adafed=0.001/1")
+    got = setup.parse_lrs("synthetic.ca_fed=0.01/0.3; mnist.adafed=0.001/1")
     assert got == {("synthetic", "ca_fed"): (0.01, 0.3), ("mnist", "adafed"): (0.001, 1.0)}
-    assert rep.parse_lrs(None) == {}
+    assert setup.parse_lrs(None) == {}
     for bad in ("synthetic.ca_fed=0.01", "ca_fed=0.1/1", "synthetic.fedavg=0.1/1", "x.ca_fed=-1/1"):
         with pytest.raises(ConfigError, match="DATASET.STRATEGY=CLIENT/SERVER"):
-            rep.parse_lrs(bad)
+            setup.parse_lrs(bad)
     # without tuning: given values win, then the code's published ones, then Unbiased's
-    code, cpu = rep.PROFILES["code"], rep.SCALES["cpu"]
-    lrs, record = rep.learning_rates(
+    code, cpu = setup.PROFILES["code"], setup.SCALES["cpu"]
+    lrs, record = setup.learning_rates(
         {"synthetic": {}, "mnist": {}},
         ("ca_fed", "unbiased", "adafed"),
         code,
@@ -166,22 +173,37 @@ def test_learning_rate_option():
     assert lrs[("mnist", "adafed")] == (0.01, 0.1)  # falls back to Unbiased's
     assert record["chosen"]["synthetic.unbiased"] == [0.03, 0.03]
     with pytest.raises(ConfigError, match="no learning rates for ca_fed on mnist"):
-        rep.learning_rates(
-            {"mnist": {}}, ("ca_fed",), rep.PROFILES["paper"], cpu, Path("x"), tune=False, given={}
+        setup.learning_rates(
+            {"mnist": {}},
+            ("ca_fed",),
+            setup.PROFILES["paper"],
+            cpu,
+            Path("x"),
+            tune=False,
+            given={},
         )
 
 
 def test_tuning_grid_option(monkeypatch, tmp_path):
     """``client_lrs``/``server_lrs`` replace the size's grid (strings as the CLI gives them),
     AdaFed keeps its fixed server rate under the code profile, and a bad grid is named."""
-    full, paper, code = rep.SCALES["paper"], rep.PROFILES["paper"], rep.PROFILES["code"]
-    small = rep.with_grid(full, (0.1, 0.03), (1.0, 0.3))
-    assert rep.grid("unbiased", paper, small) == [(0.1, 1.0), (0.1, 0.3), (0.03, 1.0), (0.03, 0.3)]
-    assert rep.grid("adafed", code, small) == [(0.1, 1.0), (0.03, 1.0)]
-    assert rep.with_grid(full, None, (1.0,)).client_lrs == full.client_lrs
+    full, paper, code = (
+        setup.SCALES["paper"],
+        setup.PROFILES["paper"],
+        setup.PROFILES["code"],
+    )
+    small = setup.with_grid(full, (0.1, 0.03), (1.0, 0.3))
+    assert setup.grid("unbiased", paper, small) == [
+        (0.1, 1.0),
+        (0.1, 0.3),
+        (0.03, 1.0),
+        (0.03, 0.3),
+    ]
+    assert setup.grid("adafed", code, small) == [(0.1, 1.0), (0.03, 1.0)]
+    assert setup.with_grid(full, None, (1.0,)).client_lrs == full.client_lrs
     for bad in ((), (0.1, -1.0)):
         with pytest.raises(ConfigError, match="client_lrs must be positive"):
-            rep.with_grid(full, bad)
+            setup.with_grid(full, bad)
 
     class Stop(Exception):
         pass
@@ -257,43 +279,46 @@ def test_diagnostics_read_back_against_numpy():
         )
         start = end
     run = _fake_run(records)
-    assert rep.diagnostic_mean(run, "q_sum") == pytest.approx(per_round.mean())
-    assert rep.diagnostic_mean(run, "missing") is None
-    seed = rep.seed_diagnostics(run)
+    assert readout.diagnostic_mean(run, "q_sum") == pytest.approx(per_round.mean())
+    assert readout.diagnostic_mean(run, "missing") is None
+    seed = readout.seed_diagnostics(run)
     assert seed["q_sum"] == pytest.approx(per_round.mean())
     assert seed["q_sum_std_across_rounds"] == pytest.approx(per_round.std(), rel=1e-6)
-    share = rep.class_shares(seed)["kept_share_by_class"]
+    share = readout.class_shares(seed)["kept_share_by_class"]
     for c, name in enumerate(CLASS_NAMES[:3]):
         assert share[name] == pytest.approx(kept[:, c].mean() / 4)
     assert share[CLASS_NAMES[3]] is None  # an empty class
     classes = population_classes(8)  # 0, 0, 1, 1, 2, 2, 3, 3
     w = [1.0, 3.0, 5.0, 7.0, 0.0, 2.0, 4.0, 4.0]
-    assert rep.class_weights({"weight_share": w}, classes.tolist())["cumulative_weight"] == dict(
-        zip(CLASS_NAMES, [2.0, 6.0, 1.0, 4.0], strict=True)
-    )
+    assert readout.class_weights({"weight_share": w}, classes.tolist())[
+        "cumulative_weight"
+    ] == dict(zip(CLASS_NAMES, [2.0, 6.0, 1.0, 4.0], strict=True))
     code = population_classes(8, "code").tolist()
-    assert rep.class_weights({"weight_share": w}, code)["cumulative_weight"][CLASS_NAMES[0]] is None
-    assert rep.tail_accuracy([{"round": r, "test_accuracy": r / 10} for r in range(1, 11)], 10) == (
-        pytest.approx(np.mean([0.7, 0.8, 0.9, 1.0]))
+    assert (
+        readout.class_weights({"weight_share": w}, code)["cumulative_weight"][CLASS_NAMES[0]]
+        is None
     )
-    assert rep.tail_accuracy([{"round": 10, "test_accuracy": float("nan")}], 10) == -np.inf
+    assert setup.tail_accuracy(
+        [{"round": r, "test_accuracy": r / 10} for r in range(1, 11)], 10
+    ) == (pytest.approx(np.mean([0.7, 0.8, 0.9, 1.0])))
+    assert setup.tail_accuracy([{"round": 10, "test_accuracy": float("nan")}], 10) == -np.inf
 
 
 def test_plots_write_images(tmp_path):
     rng = np.random.default_rng(0)
     available, kept = rng.random((5, 20)) < 0.5, rng.random((5, 20)) < 0.7
-    assert rep.plot_map(available, kept, tmp_path / "m.png", "map").stat().st_size > 0
+    assert readout.plot_map(available, kept, tmp_path / "m.png", "map").stat().st_size > 0
     classes = population_classes(8, "code", id_seed=1)
-    path = rep.plot_weights({"a": np.arange(8.0), "b": np.ones(8)}, classes, tmp_path / "w.png")
+    path = readout.plot_weights({"a": np.arange(8.0), "b": np.ones(8)}, classes, tmp_path / "w.png")
     assert path.stat().st_size > 0
 
 
 @pytest.fixture
 def tiny(monkeypatch):
     monkeypatch.setitem(
-        rep.SCALES,
+        setup.SCALES,
         "cpu",
-        rep.Scale("cpu", 6, 3, 3, 2, 3, 3, None, 1.0, 2, 1, (0.05, 0.5), (1.0,), False),
+        setup.Scale("cpu", 6, 3, 3, 2, 3, 3, None, 1.0, 2, 1, (0.05, 0.5), (1.0,), False),
     )
 
 
@@ -316,17 +341,17 @@ def test_tuning_picks_the_best_grid_point_per_strategy(monkeypatch, tmp_path):
             acc = (
                 0.9 - abs(np.log10(cfg.lr / want[0])) / 10 - abs(np.log10(cfg.server_lr / want[1]))
             )
-            acc += 0.01 * (cfg.seed - rep.TUNE_SEED0)  # seeds differ; the mean decides
-            if (cfg.strategy, cfg.lr, cfg.seed) == ("ca_fed", 0.1, rep.TUNE_SEED0):
+            acc += 0.01 * (cfg.seed - setup.TUNE_SEED0)  # seeds differ; the mean decides
+            if (cfg.strategy, cfg.lr, cfg.seed) == ("ca_fed", 0.1, setup.TUNE_SEED0):
                 acc = float("nan")  # a diverged seed: its grid point scores -inf
             evals = [{"round": r, "test_accuracy": acc} for r in range(5, cfg.rounds + 1, 5)]
             out.append(RunResult(cfg, evals, {}))
         return out
 
-    monkeypatch.setattr(rep, "run_cells", fake_run_cells)
-    code, cpu = rep.PROFILES["code"], rep.SCALES["cpu"]
+    monkeypatch.setattr(setup, "run_cells", fake_run_cells)
+    code, cpu = setup.PROFILES["code"], setup.SCALES["cpu"]
     study = Study("ca_fed", profile="code", size="cpu", seeds=1, out=tmp_path, progress=False)
-    lrs, record = rep.learning_rates(
+    lrs, record = setup.learning_rates(
         {"mnist": {"data_path": "unused"}},
         ("ca_fed", "unbiased", "more_available", "adafed", "f3ast"),
         code,
@@ -347,7 +372,7 @@ def test_tuning_picks_the_best_grid_point_per_strategy(monkeypatch, tmp_path):
     assert record["tuned"] == ["ca_fed", "unbiased", "adafed"]
     n_grid = len(cpu.client_lrs) * len(cpu.server_lrs)
     assert len(seen) == cpu.tune_seeds * (2 * n_grid + len(cpu.client_lrs))  # AdaFed: server 1
-    assert {x[3] for x in seen} == {rep.TUNE_SEED0 + i for i in range(cpu.tune_seeds)}
+    assert {x[3] for x in seen} == {setup.TUNE_SEED0 + i for i in range(cpu.tune_seeds)}
     assert {x[4] for x in seen} == {cpu.tune_rounds}
     for strategy, lr in best.items():
         assert lrs[("mnist", strategy)] == lr
@@ -435,7 +460,7 @@ def test_tiny_end_to_end_verdicts_and_cache(tiny, tmp_path, capsys, check_pinned
     REPRODUCTIONS.build("ca-fed", **kw)
     assert "9 of 9 cells already finished" in capsys.readouterr().out
     # a changed size (rounds) is not served from the cache
-    rep.SCALES["cpu"] = dataclasses.replace(rep.SCALES["cpu"], rounds=2)
+    setup.SCALES["cpu"] = dataclasses.replace(setup.SCALES["cpu"], rounds=2)
     REPRODUCTIONS.build("ca-fed", **{**kw, "methods": ("adafed",)})
     assert "cells already finished" not in capsys.readouterr().out
     s = json.loads((out / "runs/synthetic/AdaFed/seed0/summary.json").read_text())

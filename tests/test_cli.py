@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_sel.cli import main
+from fedjax_sel.cli.main import main
 
 
 def test_run_writes_outputs_and_prints_a_table(tmp_path, capsys):
@@ -122,12 +122,13 @@ def test_bad_sweep_and_suite_files_fail_before_anything_runs(
 
 def test_set_values_are_typed_by_their_fields(tmp_path):
     """--set rounds=1 is the command line's text: typed, so the file's strictness holds."""
-    from fedjax_sel.cli import _spec_with_overrides, build_parser
+    from fedjax_sel.cli.cells import spec_with_overrides
+    from fedjax_sel.cli.main import build_parser
 
     path = tmp_path / "s.toml"
     path.write_text("[base]\nrounds = 5\n")
     a = build_parser().parse_args(["sweep", str(path), "--set", "rounds=1,lr=0.5,partition=iid"])
-    assert _spec_with_overrides(a, "sweep")["override"] == {
+    assert spec_with_overrides(a, "sweep")["override"] == {
         "rounds": 1, "lr": 0.5, "partition": "iid"
     }  # fmt: skip
 
@@ -172,11 +173,36 @@ def test_bench_refuses_no_repeats(what, capsys):
     assert "--repeats must be >= 1, got 0" in err and "Traceback" not in err
 
 
+def test_bench_subcommands_take_their_own_flags(capsys):
+    """Each benchmark is a sub-command with the flags its module declares: another benchmark's
+    flag is refused by the parser, and every count and choice is checked before anything is
+    built or timed."""
+    from fedjax_sel.bench import grid
+    from fedjax_sel.cli.main import build_parser
+
+    a = build_parser().parse_args(["bench", "grid", "--seeds", "3", "--rounds", "2"])
+    assert (a.what, a.seeds, a.rounds, a.run) == ("grid", 3, 2, grid.main)
+    with pytest.raises(SystemExit) as stop:
+        build_parser().parse_args(["bench", "kernels", "--model", "cnn"])
+    assert stop.value.code == 2
+    assert "unrecognized arguments: --model cnn" in capsys.readouterr().err
+    for argv, message in [
+        (["phases"], "bench phases needs --trace DIR"),
+        (["scale", "--per-round", "10", "--per-round", "20"], "bench scale takes one --per-round"),
+        (["workloads", "--clients", "0"], "--clients must be a whole number in 1 .."),
+        (["grid", "--seeds-together", "0"], "--seeds-together must be 'auto' or a positive"),
+        (["throughput", "--input-shape", "28,x"], "--input-shape"),
+    ]:
+        assert main(["bench", *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, (argv, err)
+
+
 def test_plugin_folder_does_not_shadow_an_installed_package(tmp_path, monkeypatch):
     """``--plugin`` finds a module in the working directory, but appends that directory to
     the import path: a folder there named like an installed package (``tqdm/``) does not
     shadow the installed one, for the plugin or anything else."""
-    from fedjax_sel.cli import load_plugins
+    from fedjax_sel.cli.main import load_plugins
 
     (tmp_path / "tqdm").mkdir()
     (tmp_path / "tqdm" / "__init__.py").write_text("SHADOW = True\n")
@@ -392,7 +418,7 @@ def test_throughput_scan_loop_runs_the_same_sgd_with_a_scan_friendly_convolution
     assert tp.scan_loop_model(dense) is dense  # no convolution: unchanged
     sizes = np.array([12, 12, 12])
     data = tp.random_clients((6, 6, 1), 4, False, sizes)
-    local = LocalConfig(batch_size=4, lr=0.1, local_steps=3)
+    local = LocalConfig(batch_size=4, local_steps=3)
     params = model.init(jax.random.key(0))
     fast = tp._loop_client(tp.scan_loop_model(model), data, sizes, local, params)()
     plain = tp._loop_client(tp.loop_model(model), data, sizes, local, params)()

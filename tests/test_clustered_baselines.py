@@ -12,19 +12,20 @@ import numpy as np
 import pytest
 
 from fedjax_sel.base import ClientOracle, ConfigError, RoundInputs, SimSpec
-from fedjax_sel.data.datasets import _assemble, partition_by_client
+from fedjax_sel.data.datasets import assemble, partition_by_client
+from fedjax_sel.engine import RoundSpec
 from fedjax_sel.engine.simulation import Simulation
 from fedjax_sel.models import make_model
 from fedjax_sel.strategies import make_strategy
-from fedjax_sel.strategies._clustered import (
+from fedjax_sel.strategies.active_fl import active_logits
+from fedjax_sel.strategies.cluster_models import (
     cluster_average,
     cluster_weights,
     init_cluster_models,
 )
-from fedjax_sel.strategies.active_fl import active_logits
 from fedjax_sel.strategies.fesem import nearest_center
 from fedjax_sel.strategies.ifca import assign_by_loss
-from fedjax_sel.training import LocalConfig
+from fedjax_sel.training import HParams, LocalConfig
 
 # ---------------------------------------------------------------- Active FL
 
@@ -84,13 +85,13 @@ def test_active_fl_valuations_first_round_and_softmax_law():
         picked = np.asarray(sel.clients)
         # first round: every valuation -inf, all slots filled uniformly
         assert np.asarray(sel.mask).all() and len(set(picked.tolist())) == 4
-        vals = np.asarray(state.values)
+        vals = np.asarray(state.inner.values)
         np.testing.assert_allclose(vals[picked], expect[picked], rtol=1e-5)
         assert np.all(np.isneginf(np.delete(vals, picked)))
     # the softmax law: one slot, alpha3 = 0, the alpha1 lowest never drawn
     strat = make_strategy("active_fl", m, alpha1=0.25, alpha2=1.0, alpha3=0.0)
     values = jnp.asarray([0.0, 1.0, 2.0, -1.0, 0.5, 3.0, -2.0, 1.5])
-    state = strat.init(jax.random.key(0), spec)._replace(values=values)
+    state = strat.init(jax.random.key(0), spec).inner._replace(values=values)  # as built
     draws = 4000
     keys = jax.random.split(jax.random.key(2), draws)
     picks = jax.jit(jax.vmap(lambda kk: strat.select(state, inputs, oracle, kk)[0].clients[0]))
@@ -107,7 +108,7 @@ def test_active_fl_uniform_share_and_errors():
     n = jnp.full((k,), 10, jnp.int32)
     params = {"w": jnp.zeros(2)}
     strat = make_strategy("active_fl", m, alpha1=0.0, alpha2=1.0, alpha3=0.3)
-    state = strat.init(jax.random.key(0), SimSpec(k, m, 10, n, params))
+    state = strat.init(jax.random.key(0), SimSpec(k, m, 10, n, params)).inner
     # only clients 0..6 have a valuation: 7 soft draws take exactly them, 3 uniform the rest
     state = state._replace(values=jnp.where(jnp.arange(k) < 7, 1.0, -jnp.inf))
     inputs = RoundInputs(jnp.int32(3), jnp.ones(k, bool), params, n)
@@ -224,7 +225,7 @@ def label_flip_dataset(num_clients=12, per_client=60, seed=0):
     x = rng.normal(size=(len(client), 3)).astype(np.float32)
     y = (x[:, 0] > 0).astype(np.int32)
     y = np.where(client % 2 == 1, 1 - y, y).astype(np.int32)
-    return _assemble(
+    return assemble(
         "flip",
         x,
         y,
@@ -244,16 +245,15 @@ def test_clustered_methods_recover_planted_groups(name):
     ds = label_flip_dataset()
     model = make_model("logreg", input_shape=ds.input_shape, num_classes=2)
     kw = {"num_clusters": 2} if name == "ifca" else {"num_clusters": 2, "sketch": "all"}
-    sim = Simulation(
+    spec = RoundSpec.create(
         ds,
         model,
         make_strategy(name, 6, **kw),
-        local=LocalConfig(lr=0.5, local_steps=10, batch_size=16),
+        local=LocalConfig(local_steps=10, batch_size=16),
         per_round=6,
-        num_rounds=15,
-        chunk_size=15,
     )
-    state, _ = sim.run_rounds(sim.init(seed=0), 15)
+    sim = Simulation(spec, ds, num_rounds=15, chunk_size=15)
+    state, _ = sim.run_rounds(sim.init(seed=0, hparams=HParams.of(0.5)), 15)
     out = sim.evaluate(state)
     # one global logistic model cannot fit both groups (about 50%); one model per group can
     assert out["client_test_accuracy_mean"] > 0.85

@@ -4,29 +4,24 @@ true differences are known, and the reproduction verdict rules."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy import stats
 
 from fedjax_sel.base import ConfigError
-from fedjax_sel.cli import main
+from fedjax_sel.cli.main import main
 from fedjax_sel.experiment import compare, load_runs
-from fedjax_sel.experiment.compare import (
-    bootstrap_ci,
-    higher_is_better,
-    is_accuracy,
-    markdown,
-    mean_ci,
-    paired_stats,
-)
+from fedjax_sel.experiment.compare import markdown
+from fedjax_sel.experiment.metric_table import higher_is_better, is_accuracy
 from fedjax_sel.experiment.outputs import read_metrics, write_json
-from fedjax_sel.reproduce.common import (
+from fedjax_sel.experiment.per_seed import per_seed_cells, summarize_per_seed
+from fedjax_sel.experiment.stats import bootstrap_ci, mean_ci, paired_stats
+from fedjax_sel.experiment.verdicts import (
     holm_verdicts,
     p_values_from_ci,
-    per_seed_cells,
     seeds_to_settle,
-    summarize_per_seed,
     t_test_p,
     verdict,
     verdict_from_p,
@@ -251,7 +246,7 @@ def test_diverged_and_nan_runs_are_left_out_with_a_count(planted, tmp_path):
 def test_spreads_and_losses_are_lower_is_better_as_in_the_suite():
     """A larger spread of accuracy across clients is worse (``higher_is_better`` said True,
     so compare counted it as a win); compare agrees with the suite on the metrics both use."""
-    from fedjax_sel.benchmark import suite
+    from fedjax_sel.experiment.metric_table import CELL_METRICS
 
     for metric in (
         "final_client_test_accuracy_std",
@@ -267,14 +262,13 @@ def test_spreads_and_losses_are_lower_is_better_as_in_the_suite():
     for metric in ("final_accuracy", "jain_fairness", "accuracy@20", "peak_accuracy"):
         assert higher_is_better(metric), metric
     lower = {"rounds_to_target", "time_to_target", "client_accuracy_std", "deadline_hit_share"}
-    for metric in suite.CELL_METRICS:  # the suite's cells, by their meaning
+    for metric in CELL_METRICS:  # the suite's cells, by their meaning
         assert higher_is_better(metric) == (metric not in lower), metric
-    assert suite.higher_is_better is higher_is_better  # one definition, the metric table's
-    from fedjax_sel.benchmark import leaderboard
-    from fedjax_sel.experiment import metric_table
-
-    assert leaderboard.higher_is_better is metric_table.higher_is_better
-    assert leaderboard.is_accuracy is metric_table.is_accuracy
+    # one definition of each, the metric table's, in the whole package
+    package = Path(__file__).resolve().parents[1] / "fedjax_sel"
+    for name in ("higher_is_better", "is_accuracy"):
+        defs = [p for p in package.rglob("*.py") if f"def {name}(" in p.read_text()]
+        assert [p.name for p in defs] == ["metric_table.py"], (name, defs)
 
 
 def test_percent_reports_accuracies_in_percent_and_differences_in_points(planted, tmp_path):
@@ -383,7 +377,8 @@ def test_per_seed_holds_a_claim_metric_for_every_method_of_its_setting(tmp_path)
     rebuild from the committed file. Methods of another setting do not get it."""
     from fedjax_sel.config import RunConfig
     from fedjax_sel.experiment.loop import RunResult
-    from fedjax_sel.reproduce.common import Claim, Study
+    from fedjax_sel.experiment.study import Study
+    from fedjax_sel.experiment.verdicts import Claim
 
     study = Study("x", profile="paper", size="cpu", seeds=2, out=tmp_path, progress=False)
     base = RunConfig(dataset="digits", rounds=4)
@@ -416,9 +411,10 @@ def test_a_per_seed_statistic_is_recomputed_from_the_per_seed_file(tmp_path):
     differences)."""
     from fedjax_sel.base import ConfigError
     from fedjax_sel.config import RunConfig
-    from fedjax_sel.experiment.compare import paired_stats
     from fedjax_sel.experiment.loop import RunResult
-    from fedjax_sel.reproduce.common import Study, per_seed_stat
+    from fedjax_sel.experiment.per_seed import per_seed_stat
+    from fedjax_sel.experiment.stats import paired_stats
+    from fedjax_sel.experiment.study import Study
 
     study = Study("x", profile="paper", size="cpu", seeds=4, out=tmp_path, progress=False)
     base = RunConfig(dataset="digits", rounds=4)
@@ -461,7 +457,8 @@ def test_per_seed_means_of_diagnostics_come_back_from_the_per_seed_file(tmp_path
     arrays, over the seeds that have the key) come back from the file alone."""
     from fedjax_sel.config import RunConfig
     from fedjax_sel.experiment.loop import RunResult
-    from fedjax_sel.reproduce.common import Study, recompute_from_per_seed
+    from fedjax_sel.experiment.per_seed import recompute_from_per_seed
+    from fedjax_sel.experiment.study import Study
 
     study = Study("x", profile="paper", size="cpu", seeds=3, out=tmp_path, progress=False)
     study.add("s", "A", RunConfig(dataset="digits", rounds=4, strategy="uniform"))
@@ -488,7 +485,7 @@ def test_a_results_file_naming_an_import_path_as_derive_runs_nothing(tmp_path, d
     unregistered is refused with a ConfigError naming it and the known names, and nothing it
     names is called (the marker file is never created)."""
     from fedjax_sel.base import ConfigError
-    from fedjax_sel.reproduce.common import DERIVES, not_recomputed
+    from fedjax_sel.experiment.per_seed import DERIVES, not_recomputed
 
     marker = tmp_path / "ran"
     # the means dict's keys are the command: subprocess.run(means) used to run `touch marker`
@@ -538,9 +535,10 @@ def test_a_study_runs_its_cells_as_its_execution_says(tmp_path, monkeypatch, cap
 
     from fedjax_sel.base import ConfigError
     from fedjax_sel.config import RunConfig
-    from fedjax_sel.reproduce import REPRODUCTIONS
-    from fedjax_sel.reproduce import common as common_lib
-    from fedjax_sel.reproduce.common import Execution, SeedsRunOnly, Study
+    from fedjax_sel.experiment import study as study_lib
+    from fedjax_sel.experiment.execution import Execution, SeedsRunOnly
+    from fedjax_sel.experiment.reproductions import REPRODUCTIONS
+    from fedjax_sel.experiment.study import Study
 
     seen = []
 
@@ -548,7 +546,7 @@ def test_a_study_runs_its_cells_as_its_execution_says(tmp_path, monkeypatch, cap
         seen.append(([c.config.seed for c in cells], seeds_together))
         return [None] * len(cells)
 
-    monkeypatch.setattr(common_lib, "run_cells", fake_run_cells)
+    monkeypatch.setattr(study_lib, "run_cells", fake_run_cells)
     base = RunConfig(dataset="leaf_synthetic", num_clients=10, per_round=2, rounds=2)
 
     def study(name, **kw):

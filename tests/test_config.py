@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 from fedjax_sel.base import ConfigError
-from fedjax_sel.cli import build_parser, main
+from fedjax_sel.cli.main import build_parser, main
 from fedjax_sel.config import RunConfig, add_config_flags, config_from_flags
 from fedjax_sel.data.datasets import DATASETS
 from fedjax_sel.experiment import build_simulation
+from fedjax_sel.experiment.resolve import resolve
 from fedjax_sel.models import MODELS
 from fedjax_sel.registry import Registry, convert, parse_pairs, parse_spec
 from fedjax_sel.strategies import STRATEGIES
@@ -95,8 +96,8 @@ def test_every_field_has_one_generated_flag_and_no_duplicated_default():
 
 def test_resnet_width_is_a_documented_model_option():
     """The bug the single path removes: resnet18's documented options used to be refused."""
-    config = RunConfig(model="resnet18", model_args={"width": "32"}, dataset="cifar10").resolve()
-    assert config.model_args == {"width": 32}
+    resolved = resolve(RunConfig(model="resnet18", model_args={"width": "32"}, dataset="cifar10"))
+    assert resolved.config.model_args == {"width": 32}
 
 
 def test_validation_names_values():
@@ -138,9 +139,11 @@ def test_more_clients_a_round_than_clients_is_refused_when_validated():
     with pytest.raises(ConfigError, match=r"per_round=10 exceeds the number of clients \(5\)"):
         RunConfig(num_clients=5, per_round=10).validate()
     with pytest.raises(ConfigError, match=r"per_round=8 \(--async's concurrency\) exceeds"):
-        RunConfig(
-            num_clients=5, per_round=3, system="lognormal", asynchronous="fedbuff:concurrency=8"
-        ).resolve()
+        resolve(
+            RunConfig(
+                num_clients=5, per_round=3, system="lognormal", asynchronous="fedbuff:concurrency=8"
+            )
+        )
     # mode=personalized trains every client: per_round is not read there
     assert RunConfig(mode="personalized", strategy="sp_cacw", num_clients=5).validate()
 
@@ -161,12 +164,12 @@ def test_a_files_numbers_must_not_be_quoted_and_integers_fit_int32():
 def test_personalized_mode_refuses_the_settings_it_would_ignore():
     base = dict(mode="personalized", strategy="sp_cacw", dataset="clustered_mnist")
     with pytest.raises(ConfigError, match=r"ignores --per-round: leave them out"):
-        RunConfig(**base, per_round=5).resolve()
+        resolve(RunConfig(**base, per_round=5))
     with pytest.raises(ConfigError, match=r"ignores --availability, --server-lr, --parallel"):
-        RunConfig(**base, availability="markov", server_lr=0.5, parallel="vmap").resolve()
+        resolve(RunConfig(**base, availability="markov", server_lr=0.5, parallel="vmap"))
     # the settings it reads are accepted, and a global run keeps every setting
-    RunConfig(**base, lr=0.1, local_steps=5, batch_size=16).resolve()
-    RunConfig(strategy="uniform", per_round=5, availability="markov", parallel="vmap").resolve()
+    resolve(RunConfig(**base, lr=0.1, local_steps=5, batch_size=16))
+    resolve(RunConfig(strategy="uniform", per_round=5, availability="markov", parallel="vmap"))
 
 
 def _options(registry):
@@ -288,15 +291,16 @@ def test_cli_flags_to_a_simulation_for_every_registered_model(model, tmp_path, d
         ],
     }[model]
     ns = build_parser().parse_args(["run", "--model", model, "--per-round", "2", *flags])
-    config = config_from_flags(ns).resolve()
-    sim = build_simulation(config)
-    assert sim.model.name == model and sim.per_round == 2
+    resolved = resolve(config_from_flags(ns))
+    config = resolved.config
+    sim = build_simulation(resolved)
+    assert sim.spec.model.name == model and sim.spec.per_round == 2
     assert sim.dataset.num_clients == (config.num_clients or {"lstm_words": 3}.get(model, 20))
     x = sim.dataset.test_x[:2]
     import jax
 
-    params = jax.eval_shape(sim.model.init, jax.random.key(0))
-    out = jax.eval_shape(sim.model.apply, params, x)
+    params = jax.eval_shape(sim.spec.model.init, jax.random.key(0))
+    out = jax.eval_shape(sim.spec.model.apply, params, x)
     assert out.shape[0] == 2
 
 

@@ -517,6 +517,38 @@ def test_server_fraction_holds_out_a_disjoint_set():
     assert counts.min() > 0.5 * counts.mean()
 
 
+def test_a_data_set_module_of_any_name_is_found(tmp_path, monkeypatch):
+    """A module of ``fedjax_sel.data`` that registers a data set is imported the first time the
+    registry is read, whatever its name (no ``dataset_`` prefix), and its builder's
+    ``assemble`` takes the registration's default model; a private module is not imported."""
+    import fedjax_sel.data as data_pkg
+    from fedjax_sel.data.datasets import DATASETS
+
+    (tmp_path / "my_blobs.py").write_text(
+        "import numpy as np\n"
+        "from fedjax_sel.data import assemble, partition_by_client, register_dataset\n"
+        "@register_dataset('my_blobs', description='test', default_clients=4,\n"
+        "                  default_partition='natural', default_model='mlp')\n"
+        "def my_blobs(*, num_clients, partition, seed, data_path, test_fraction, layout):\n"
+        "    client = np.repeat(np.arange(num_clients), 10)\n"
+        "    x = np.arange(len(client) * 2, dtype=np.float32).reshape(-1, 2)\n"
+        "    return assemble('my_blobs', x, (client % 2).astype(np.int32),\n"
+        "                    partition_by_client(client, num_clients),\n"
+        "                    rng=np.random.default_rng(seed), test_fraction=0.2, layout=layout,\n"
+        "                    task='classification', num_classes=2, info={})\n"
+    )
+    (tmp_path / "_scratch.py").write_text("raise AssertionError('a private module is imported')\n")
+    monkeypatch.setattr(data_pkg, "__path__", [*data_pkg.__path__, str(tmp_path)])
+    monkeypatch.setattr(DATASETS, "_loaded", False)  # read again: the package scan runs again
+    try:
+        ds = load_dataset("my_blobs", num_clients=4)
+        assert ds.num_clients == 4 and ds.default_model == "mlp"
+        assert int(np.asarray(ds.train.counts).sum()) == 4 * 8
+    finally:
+        DATASETS.unregister("my_blobs")
+        sys.modules.pop("fedjax_sel.data.my_blobs", None)
+
+
 def test_load_dataset_errors_name_the_bad_value():
     with pytest.raises(ConfigError, match="unknown data set 'nope'"):
         load_dataset("nope")

@@ -72,8 +72,8 @@ def test_law_update_matches_numpy_transcription():
         state = state._replace(sigma_sq=jnp.asarray(sigma_sq, jnp.float32))
         flat = np.concatenate([w.reshape(M, -1), b], axis=1)
         want = np_update(p, clients, mask, flat, sigma_sq, a1, a2, floor)
-        state = update(state, sel, feedback_for(sel, deltas, n))
-        got = np.asarray(state.inner.p if hasattr(state, "inner") else state.p)
+        state = update(state, sel, feedback_for(sel, deltas, n)).inner
+        got = np.asarray(state.p)
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-7)
         np.testing.assert_allclose(got.sum(), 1.0, rtol=1e-6)
         np.testing.assert_allclose(got[K - 1], want[K - 1], rtol=1e-6)
@@ -91,7 +91,7 @@ def test_planted_diversity_gets_proportional_probability():
     sel = Selection(clients, jnp.ones(4, bool), jnp.zeros(4))
     d = jnp.array([[1.0, 0], [-1.0, 0], [0, 10.0], [0, -10.0]])
     n = jnp.full((K,), 10, jnp.int32)
-    p = np.asarray(strategy.update(state, sel, feedback_for(sel, {"w": d}, n)).p)
+    p = np.asarray(strategy.update(state, sel, feedback_for(sel, {"w": d}, n)).inner.p)
     np.testing.assert_allclose(p[2] / p[0], 10.0, rtol=1e-5)
     np.testing.assert_allclose(p[:4].sum(), 4.0 / K, rtol=1e-5)
     np.testing.assert_allclose(p[4:], 1.0 / K, rtol=1e-6)
@@ -99,11 +99,11 @@ def test_planted_diversity_gets_proportional_probability():
     # equal diversity (zeta = 1 each), sigma^2 = 0, 3, 15: s = sqrt(a1 + a2 sigma^2)
     a1, a2 = 0.8, 0.2
     strategy = make_strategy("delta", 4, alpha1=a1, alpha2=a2, floor=0.0)
-    state = strategy.init(jax.random.key(0), _spec(4))
+    state = strategy.init(jax.random.key(0), _spec(4)).inner  # runs at the values built with
     sigma_sq = jnp.array([0.0, 0.0, 3.0, 15.0])
     d = jnp.array([[1.0, 0], [-1.0, 0], [0, 1.0], [0, -1.0]])
     state = state._replace(sigma_sq=sigma_sq)
-    p = np.asarray(strategy.update(state, sel, feedback_for(sel, {"w": d}, n)).p)
+    p = np.asarray(strategy.update(state, sel, feedback_for(sel, {"w": d}, n)).inner.p)
     s = np.sqrt(a1 + a2 * np.asarray(sigma_sq))
     np.testing.assert_allclose(p[:4], s / s.sum() * 4.0 / K, rtol=1e-5)
 
@@ -197,7 +197,7 @@ def test_sigma_is_half_the_squared_gap_of_two_independent_runs():
     np.testing.assert_allclose(sel.train_result.params["w"], run1.params["w"], rtol=1e-5)
     gap = np.asarray(run1.params["w"] - run2.params["w"], np.float64)
     want = np.where(np.asarray(sel.mask), 0.5 * np.sum(gap**2, axis=1), 0.0)
-    np.testing.assert_allclose(np.asarray(state.sigma_sq), want, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(state.inner.sigma_sq), want, rtol=1e-5)
     assert np.all(want[np.asarray(sel.mask)] > 0)
 
 
@@ -231,4 +231,4 @@ def test_traced_values_run_as_built():
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
     default = run(built, built.init(jax.random.key(0), _spec(M)))
-    assert not np.array_equal(np.asarray(default[0].p), np.asarray(a[0].p))
+    assert not np.array_equal(np.asarray(default[0].inner.p), np.asarray(a[0].inner.p))

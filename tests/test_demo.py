@@ -9,7 +9,7 @@ import pytest
 from scipy import stats
 
 from fedjax_sel.base import ConfigError
-from fedjax_sel.cli import main
+from fedjax_sel.cli.main import main
 from fedjax_sel.demo import demo_spec
 
 

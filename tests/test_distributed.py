@@ -38,7 +38,7 @@ def _records(path):
 
 @pytest.mark.slow
 def test_two_processes_match_one(tmp_path):
-    cli = [sys.executable, "-m", "fedjax_sel.cli"]
+    cli = [sys.executable, "-m", "fedjax_sel"]
     port = _free_port()
     procs = [
         subprocess.Popen(
@@ -91,7 +91,7 @@ def test_two_processes_match_one(tmp_path):
 
 
 def test_partial_distributed_flags_are_refused(capsys):
-    from fedjax_sel.cli import main
+    from fedjax_sel.cli.main import main
 
     assert main(["run", "--coordinator", "localhost:1", "--no-progress"]) == 2
     assert "need --distributed" in capsys.readouterr().err

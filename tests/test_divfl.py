@@ -10,10 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from fedjax_sel import engine
 from fedjax_sel.availability import bernoulli
 from fedjax_sel.base import ConfigError, RoundInputs, SimSpec
 from fedjax_sel.data import load_dataset
-from fedjax_sel.engine.round import round_keys, select_phase
+from fedjax_sel.engine.phases import round_keys, select_phase
 from fedjax_sel.engine.simulation import Simulation
 from fedjax_sel.models import make_model
 from fedjax_sel.strategies import make_strategy
@@ -23,7 +24,7 @@ from fedjax_sel.strategies.divfl import (
     flatten_stacked,
     pairwise_distances,
 )
-from fedjax_sel.training import LocalConfig
+from fedjax_sel.training import HParams, LocalConfig, Parallel
 
 
 def cost(dist, cover, s):
@@ -150,31 +151,32 @@ def divfl_digits(k_count, *, data_seed, num_rounds, chunk_size, **strategy_args)
     """DivFL (3 per round) on ``k_count`` digits clients, logistic regression, 2 local steps,
     Bernoulli(0.7) availability."""
     ds = load_dataset("digits", num_clients=k_count, seed=data_seed, test_fraction=0.2)
-    return Simulation(
+    spec = engine.RoundSpec.create(
         ds,
         make_model("logreg", input_shape=ds.input_shape, num_classes=10),
         make_strategy("divfl", 3, **strategy_args),
-        local=LocalConfig(lr=0.1, local_steps=2),
+        local=LocalConfig(local_steps=2),
         per_round=3,
-        num_rounds=num_rounds,
         availability=bernoulli(0.7),
-        parallel="vmap",
-        chunk_size=chunk_size,
+        parallel=Parallel("vmap"),
     )
+    return Simulation(spec, ds, num_rounds=num_rounds, chunk_size=chunk_size)
 
 
 def test_warm_start_table_and_pretrained_slots():
     k_count = 8
     sim = divfl_digits(k_count, data_seed=0, num_rounds=4, chunk_size=1)
-    state = sim.init(seed=0)
+    state = sim.init(seed=0, hparams=HParams.of(0.1))
 
     @jax.jit
     def step(state, data):
-        _, sel, available = select_phase(sim.round_spec, state, data)
+        _, sel, available = select_phase(sim.spec, state, data)
         _, _, k_train = round_keys(state)
         everyone = jnp.arange(k_count, dtype=jnp.int32)
-        all_trained = sim.trainer(state.params, data.train, everyone, available, k_train)
-        new_state, _ = sim.round_fn(state, data)
+        all_trained = sim.spec.trainer.train(
+            state.params, data.train, everyone, available, k_train, hparams=state.hparams
+        )
+        new_state, _ = engine.round_fn(sim.spec, state, data)
         return sel, available, all_trained, new_state
 
     sel, available, all_trained, state1 = step(state, sim.data)
@@ -215,7 +217,7 @@ def test_warm_start_in_chunks_equals_all_at_once():
 
     def rounds(warm_chunk):
         sim = divfl_digits(11, data_seed=1, num_rounds=3, chunk_size=3, warm_chunk=warm_chunk)
-        return sim.run_rounds(sim.init(seed=2), 3)
+        return sim.run_rounds(sim.init(seed=2, hparams=HParams.of(0.1)), 3)
 
     chunked, log_chunked = rounds(4)
     whole, log_whole = rounds(0)

@@ -8,7 +8,7 @@ seeds included) that some value of the named JSON files gives at the shown preci
 percentage, 100 times some value). A setting that no cited file records (a horizon ``T = 500``,
 a paper's figure number) sits in a code span or outside the block; the verdict counts of the
 README's summary are in ``benchmarks/results/reproduce/summary.json``, which
-``benchmarks/verdicts_table.py --write`` writes from the committed verdicts.
+``tools/verdicts_table.py --write`` writes from the committed verdicts.
 
 Examples: every ```python block runs (in a temporary folder); a block preceded by
 ``<!-- file: NAME -->`` is written to NAME first instead (a module the shell examples import).
@@ -86,7 +86,7 @@ def test_documents_have_backed_number_blocks():
 
 def _verdicts_table():
     spec = importlib.util.spec_from_file_location(
-        "verdicts_table", ROOT / "benchmarks" / "verdicts_table.py"
+        "verdicts_table", ROOT / "tools" / "verdicts_table.py"
     )
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
@@ -98,15 +98,14 @@ def test_verdicts_page_and_readme_summary_are_the_committed_verdicts():
     # and run_info.json files: a rerun reproduction must be followed by regenerating them
     gen = _verdicts_table()
     assert (ROOT / "docs" / "verdicts.md").read_text() == gen.page(), (
-        "docs/verdicts.md is stale: run `python benchmarks/verdicts_table.py --write`"
+        "docs/verdicts.md is stale: run `python tools/verdicts_table.py --write`"
     )
     assert gen.summary_table() in (ROOT / "README.md").read_text(), (
-        "the README's verdict summary is stale: paste `python benchmarks/verdicts_table.py "
-        "--summary`"
+        "the README's verdict summary is stale: paste `python tools/verdicts_table.py --summary`"
     )
     # the counts the README's summary and the page's runs table cite
     assert gen.summary_path().read_text() == gen.summary_text(), (
-        f"{gen.summary_path().name} is stale: run `python benchmarks/verdicts_table.py --write`"
+        f"{gen.summary_path().name} is stale: run `python tools/verdicts_table.py --write`"
     )
 
 
@@ -188,13 +187,8 @@ def test_every_committed_verdict_follows_from_its_own_interval():
     difference (or ``not_evidence`` with the failed premise named), and its two p-values are
     the t-tests that interval implies. Where the folder has ``per_seed.json`` (runs since it
     exists), every row and ``cells.json`` are recomputed from the per-seed values."""
-    from fedjax_sel.reproduce.common import (
-        claim_of_row,
-        claim_row,
-        p_values_from_ci,
-        summarize_per_seed,
-        verdict,
-    )
+    from fedjax_sel.experiment.per_seed import summarize_per_seed
+    from fedjax_sel.experiment.verdicts import claim_of_row, claim_row, p_values_from_ci, verdict
 
     gen = _verdicts_table()
     checked = 0
@@ -230,7 +224,7 @@ def test_every_per_seed_statistic_of_a_results_file_is_recomputed():
     paired mechanism row, a cell where the paper's own method loses, a mean of diagnostics
     each seed reduced from its curves) is what the committed per-seed values give, bit for
     bit; and the verdict rows it repeats are ``verdicts.json``'s."""
-    from fedjax_sel.reproduce.common import not_recomputed, per_seed_stats_in
+    from fedjax_sel.experiment.per_seed import not_recomputed, per_seed_stats_in
 
     reproduce = ROOT / "benchmarks" / "results" / "reproduce"
     checked = 0
@@ -260,13 +254,13 @@ def test_paired_comparisons_are_recomputed_from_the_per_seed_files(path, per_see
     folders) is what ``compare`` gives on the committed per-seed values alone: every mean,
     interval, paired difference, bootstrap interval, p-value and win rate, bit for bit."""
     from fedjax_sel.experiment.compare import Run, compare
-    from fedjax_sel.experiment.sweep import _slug
+    from fedjax_sel.experiment.outdir import folder_name
 
     committed = json.loads(path.read_text())
     cells = json.loads(per_seed.read_text())["cells"]
     runs = []
     for setting, label in dict.fromkeys((r["setting"], r["strategy"]) for r in committed):
-        key = f"{_slug(setting)}/{_slug(label)}"
+        key = f"{folder_name(setting)}/{folder_name(label)}"
         assert key in cells, f"{path}: no per-seed cell {key}"
         for seed, values in cells[key]["seeds"].items():
             records = [  # accuracy@R is read from the evaluation records
@@ -339,7 +333,7 @@ def _recomputed_and_other_values(f: str) -> tuple[list[float], list[float], str 
     """A cited file's values split into those the tests recompute from committed per-seed
     files (or that are inputs or facts of the run) and the others, with its reproduction
     folder (``None`` outside ``benchmarks/results/reproduce/``)."""
-    from fedjax_sel.reproduce.common import per_seed_stats_in
+    from fedjax_sel.experiment.per_seed import per_seed_stats_in
 
     path = ROOT / f
     data = json.loads(path.read_text())
@@ -506,7 +500,7 @@ def _tiny(argv: list[str]) -> list[str] | None:
 
 @pytest.mark.slow
 def test_every_example_runs_as_written(tmp_path, monkeypatch, capsys):
-    from fedjax_sel.cli import build_parser, main
+    from fedjax_sel.cli.main import build_parser, main
     from fedjax_sel.strategies import STRATEGIES
 
     monkeypatch.chdir(tmp_path)

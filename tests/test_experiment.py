@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from fedjax_sel.base import ConfigError
-from fedjax_sel.cli import main
+from fedjax_sel.cli.main import main
 from fedjax_sel.config import RunConfig
 from fedjax_sel.experiment import (
     load_checkpoint,
@@ -29,6 +29,8 @@ from fedjax_sel.experiment import (
 )
 from fedjax_sel.experiment.build import build_simulation
 from fedjax_sel.experiment.provenance import code_record, same_code, source_digest_of
+from fedjax_sel.experiment.resolve import resolve
+from fedjax_sel.training.hparams import HParams
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -353,9 +355,10 @@ def test_run_killed_with_sigkill_resumes_bit_identically(tmp_path):
 
 
 def test_bad_checkpoints_are_named(tmp_path, host_leaves):
-    config = small().resolve()
-    sim = build_simulation(config)
-    state = sim.init(0)
+    resolved = resolve(small())
+    config = resolved.config
+    sim = build_simulation(resolved)
+    state = sim.init(0, hparams=HParams.from_config(config))
     path = save_checkpoint(
         tmp_path / "c.npz", state, {"results_key": config.results_key(), "round": 0}
     )
@@ -368,7 +371,9 @@ def test_bad_checkpoints_are_named(tmp_path, host_leaves):
     (tmp_path / "bad.npz").write_bytes(path.read_bytes()[:200])
     with pytest.raises(ConfigError, match="bad.npz.*corrupt"):
         load_checkpoint(tmp_path / "bad.npz", state, results_key=config.results_key())
-    other = build_simulation(small(num_clients=12).resolve()).init(0)
+    other = build_simulation(resolve(small(num_clients=12))).init(
+        0, hparams=HParams.from_config(config)
+    )
     with pytest.raises(ConfigError, match="expects"):
         load_checkpoint(path, other, results_key=config.results_key())
 
@@ -427,7 +432,7 @@ def test_matmul_precision_is_the_one_the_round_is_traced_under(tmp_path):
         run_experiment(small(rounds=2), tmp_path / "d", progress=False, model=probe)
     assert seen == {"tensorfloat32"}
     with pytest.raises(ConfigError, match="fp8"):
-        small(matmul_precision="fp8").resolve()
+        resolve(small(matmul_precision="fp8"))
 
 
 def test_the_code_record_is_a_digest_of_the_source(tmp_path):

@@ -20,12 +20,13 @@ from fedjax_sel.base import (
 )
 from fedjax_sel.data.client_data import from_client_arrays
 from fedjax_sel.data.datasets import FederatedDataset
+from fedjax_sel.engine import RoundSpec
 from fedjax_sel.engine.fedbuff import FedBuff, fedbuff, from_spec
 from fedjax_sel.engine.simulation import Simulation
 from fedjax_sel.engine.system import SystemModel, SystemState, lognormal, model_kbit
 from fedjax_sel.models import make_model
 from fedjax_sel.strategies import make_strategy
-from fedjax_sel.training.local import LocalConfig
+from fedjax_sel.training import HParams, LocalConfig, Parallel
 
 K, D, NC = 12, 5, 3
 STEPS, LR, BATCH = 3, 0.2, 16
@@ -151,20 +152,19 @@ def test_fedbuff_matches_event_driven_numpy(availability):
         trace = rng.random((7, K)) < 0.55
     concurrency, buffer, alpha, rounds = 5, 3, 0.5, 14
     model = make_model("logreg", input_shape=(D,), num_classes=NC)
-    sim = Simulation(
+    spec = RoundSpec.create(
         ds,
         model,
         _priority(concurrency),
-        local=LocalConfig(batch_size=BATCH, lr=LR, local_steps=STEPS),
+        local=LocalConfig(batch_size=BATCH, local_steps=STEPS),
         per_round=concurrency,
-        num_rounds=rounds,
         availability=trace_replay(trace=trace),
         system=_fixed_system(ms, kbps),
         asynchronous=FedBuff(concurrency, buffer, alpha),
-        chunk_size=5,
-        parallel="vmap",
+        parallel=Parallel("vmap"),
     )
-    state = sim.init(0)
+    sim = Simulation(spec, ds, num_rounds=rounds, chunk_size=5)
+    state = sim.init(0, hparams=HParams.of(LR))
     w0 = np.asarray(state.params["Dense_0"]["kernel"])
     b0 = np.asarray(state.params["Dense_0"]["bias"])
     state, log = sim.run_rounds(state, rounds)
@@ -198,21 +198,20 @@ def test_fedbuff_with_uniform_keeps_clients_unique_and_is_reproducible():
     ds, _, _ = _dataset()
     model = make_model("logreg", input_shape=(D,), num_classes=NC)
 
-    sim = Simulation(
+    spec = RoundSpec.create(
         ds,
         model,
         make_strategy("uniform", 6),
-        local=LocalConfig(batch_size=BATCH, lr=LR, local_steps=STEPS),
+        local=LocalConfig(batch_size=BATCH, local_steps=STEPS),
         per_round=6,
-        num_rounds=10,
         system=lognormal(),
         asynchronous=fedbuff(6, 2),
-        parallel="vmap",
-        chunk_size=10,
+        parallel=Parallel("vmap"),
     )
+    sim = Simulation(spec, ds, num_rounds=10, chunk_size=10)
 
     def run():
-        return sim.run_rounds(sim.init(1), 10)
+        return sim.run_rounds(sim.init(1, hparams=HParams.of(LR)), 10)
 
     state, log = run()
     slots = state.async_state
@@ -248,14 +247,13 @@ def test_fedbuff_refuses_settings_that_cannot_work(kwargs, match):
     args = dict(system=lognormal(), asynchronous=kwargs.pop("mode", FedBuff(4, 2)))
     args.update(kwargs)
     with pytest.raises(ConfigError, match=match):
-        Simulation(
+        RoundSpec.create(
             ds,
             make_model("logreg", input_shape=(D,), num_classes=NC),
             strategy,
             local=LocalConfig(batch_size=BATCH, local_steps=1),
             per_round=per_round,
-            num_rounds=1,
-            parallel="vmap",
+            parallel=Parallel("vmap"),
             **args,
         )
 
@@ -273,6 +271,7 @@ def test_async_run_writes_simulated_time(tmp_path):
     from fedjax_sel.config import RunConfig
     from fedjax_sel.experiment import run_experiment
     from fedjax_sel.experiment.outputs import read_metrics
+    from fedjax_sel.experiment.resolve import resolve
 
     cfg = RunConfig(
         dataset="digits",
@@ -295,7 +294,7 @@ def test_async_run_writes_simulated_time(tmp_path):
     assert len(rows) == 2 and 0 < times[0] < times[1]
     assert [r["diagnostics"]["model_version"] for r in rows] == [2, 4]  # one update per step
     with pytest.raises(ConfigError, match="--async needs device profiles"):
-        RunConfig(asynchronous="fedbuff").resolve()
+        resolve(RunConfig(asynchronous="fedbuff"))
 
 
 def test_slots_hold_the_downloaded_model():
@@ -303,18 +302,18 @@ def test_slots_hold_the_downloaded_model():
     ds, _, _ = _dataset()
     rng = np.random.default_rng(0)
     ms = rng.uniform(20.0, 400.0, K).astype(np.float32)
-    sim = Simulation(
+    spec = RoundSpec.create(
         ds,
         make_model("logreg", input_shape=(D,), num_classes=NC),
         _priority(4),
-        local=LocalConfig(batch_size=BATCH, lr=LR, local_steps=STEPS),
+        local=LocalConfig(batch_size=BATCH, local_steps=STEPS),
         per_round=4,
-        num_rounds=3,
         system=_fixed_system(ms, np.full(K, 5e4, np.float32)),
         asynchronous=FedBuff(4, 2),
-        parallel="vmap",
+        parallel=Parallel("vmap"),
     )
-    state0 = sim.init(0)
+    sim = Simulation(spec, ds, num_rounds=3)
+    state0 = sim.init(0, hparams=HParams.of(LR))
     state, _ = sim.run_rounds(state0, 1)
     slots = jax.tree.map(np.asarray, state.async_state)
     kernel = slots.start_params["Dense_0"]["kernel"]

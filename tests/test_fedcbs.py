@@ -225,13 +225,13 @@ def test_exploration_and_pull_counts():
     counts = jnp.ones((k, 3)) * jnp.array([4.0, 3.0, 3.0])
     strategy = make_strategy("fedcbs", 2, lam=1.0)
     n = jnp.full((k,), 10, jnp.int32)
-    state = strategy.init(jax.random.key(0), SimSpec(k, 2, 10, n, None, 3, counts))
+    state = strategy.init(jax.random.key(0), SimSpec(k, 2, 10, n, None, 3, counts)).inner
     state = state._replace(pulls=jnp.array([3.0, 2.0, 5.0, 1.0, 2.0, 4.0]))
     sel, _ = strategy.select(
         state, RoundInputs(jnp.int32(3), jnp.ones(k, bool), None, n), None, jax.random.key(1)
     )
     assert int(sel.clients[0]) == 3
-    new = strategy.update(state, sel, None)
+    new = strategy.update(state, sel, None).inner
     want = np.array([3.0, 2.0, 5.0, 1.0, 2.0, 4.0])
     want[np.asarray(sel.clients)] += 1
     np.testing.assert_array_equal(np.asarray(new.pulls), want)

@@ -272,28 +272,29 @@ def test_schedule_buffer_annealing_and_selection():
             )
             stored[prev] = np_losses({"w": temp}) - np_losses(theta(t))
         # the buffer holds exactly the stored vectors of the last 5 writes
-        stamps = np.asarray(state.stamps)
+        stamps = np.asarray(state.inner.stamps)
         live = sorted(stored)[-5:]
         assert sorted(s for s in stamps.tolist() if s >= 0) == live
         for s in live:
-            row = np.asarray(state.samples)[stamps.tolist().index(s)]
+            row = np.asarray(state.inner.samples)[stamps.tolist().index(s)]
             np.testing.assert_allclose(row, stored[s], rtol=1e-4, atol=1e-6)
         if d["fedcor_gp_iterations"]:
             newest = max(live)
             ww = np.array([gamma ** (newest - s) if s >= newest - 4 else 0.0 for s in live])
             y = np.array([stored[s] for s in live])
-            np.testing.assert_allclose(state.mu, ww @ y / ww.sum(), rtol=1e-4, atol=1e-6)
+            np.testing.assert_allclose(state.inner.mu, ww @ y / ww.sum(), rtol=1e-4, atol=1e-6)
             # the training raised the discounted likelihood of the window
-            nll0 = np_nll(np.asarray(before.embedding), 0.01, np.asarray(state.mu), y, ww)
-            nll1 = np_nll(np.asarray(state.embedding), 0.01, np.asarray(state.mu), y, ww)
+            mu = np.asarray(state.inner.mu)
+            nll0 = np_nll(np.asarray(before.inner.embedding), 0.01, mu, y, ww)
+            nll1 = np_nll(np.asarray(state.inner.embedding), 0.01, mu, y, ww)
             assert nll1 < nll0
         clients, mask = np.asarray(sel.clients), np.asarray(sel.mask)
         assert mask.sum() == M_PICK and available[clients].all()
         assert len(set(clients.tolist())) == M_PICK
         if t > 2:  # the greedy on the state's GP and discounts
-            x = np.asarray(state.embedding, np.float64)
+            x = np.asarray(state.inner.embedding, np.float64)
             want, _ = np_select_clients(
-                np_cov(x, 0.01), M_PICK, w, np.asarray(state.beta), available
+                np_cov(x, 0.01), M_PICK, w, np.asarray(state.inner.beta), available
             )
             assert clients.tolist() == want
         assert d["fedcor_greedy"] == (t > 2)
@@ -301,9 +302,9 @@ def test_schedule_buffer_annealing_and_selection():
             jnp.int32(t), jnp.asarray(available), theta(t), theta(t + 1), None,
             *(jnp.zeros(M_PICK),) * 4, n[sel.clients], jnp.ones(M_PICK, jnp.int32), sel.mask,
         )  # fmt: skip
-        beta_before = np.asarray(state.beta)
+        beta_before = np.asarray(state.inner.beta)
         state = update(state, sel, feedback)
-        beta = np.asarray(state.beta)
+        beta = np.asarray(state.inner.beta)
         if t > 2 and t % 2 == 0:
             np.testing.assert_array_equal(beta, 1.0)
         elif t > 2:
@@ -319,29 +320,30 @@ def test_simulation_runs_both_phases():
     """A short digits run through warm-up, greedy and GP rounds (real oracle: all-client
     losses, the extra round's training)."""
     from fedjax_sel.data import load_dataset
+    from fedjax_sel.engine import RoundSpec
     from fedjax_sel.engine.simulation import Simulation
     from fedjax_sel.models import make_model
-    from fedjax_sel.training import LocalConfig
+    from fedjax_sel.training import HParams, LocalConfig
 
     ds = load_dataset("digits", num_clients=16, partition="dirichlet:0.3", seed=0)
     model = make_model("logreg", input_shape=ds.input_shape, num_classes=10)
-    sim = Simulation(
+    spec = RoundSpec.create(
         ds,
         model,
         make_strategy("fedcor", 4, warmup=2, gpr_interval=2, dimension=4, final_iterations=50),
-        local=LocalConfig(batch_size=16, lr=0.1, local_steps=2),
+        local=LocalConfig(batch_size=16, local_steps=2),
         per_round=4,
-        num_rounds=8,
-        chunk_size=8,
     )
-    state, logs = sim.run_rounds(sim.init(seed=0), 8)
+    sim = Simulation(spec, ds, num_rounds=8, chunk_size=8)
+    hparams = HParams.of(0.1)
+    state, logs = sim.run_rounds(sim.init(seed=0, hparams=hparams), 8)
     diag = logs.diagnostics
     assert diag["fedcor_greedy"].tolist() == [0, 0, 0, 1, 1, 1, 1, 1]
     assert diag["fedcor_eval_passes"].tolist() == [1, 1, 1, 1, 0, 2, 0, 2]
     assert np.all(np.isfinite(diag["fedcor_nll"]))
     assert np.all(logs.num_selected == 4)
     # two seeds vmapped together (members_cond's branches): seed 0 as alone
-    _, batch = sim.run_rounds_batch(sim.init_batch([0, 1]), None, 8)
+    _, batch = sim.run_rounds_batch(sim.init_batch([0, 1], hparams=hparams), None, 8)
     np.testing.assert_array_equal(batch.clients[0], logs.clients)
     np.testing.assert_allclose(batch.diagnostics["fedcor_nll"][0], diag["fedcor_nll"], rtol=1e-4)
 
@@ -352,7 +354,7 @@ def test_traced_discount_acts():
     from fedjax_sel.strategies.hyperparams import init_with_hyperparams
 
     strategy = make_strategy("fedcor", 2, warmup=0, gpr_interval=5, dimension=2, discount=0.5)
-    assert set(strategy.hyperparams) == {"gamma", "discount", "noise", "lr"}
+    assert set(dict(strategy.hyperparams)) == {"gamma", "discount", "noise", "lr"}
     n = jnp.full((K,), 10, jnp.int32)
     state = init_with_hyperparams(
         strategy, jax.random.key(0), SimSpec(K, 2, 10, n, theta(0), 10, None), {"discount": 0.9}
@@ -362,6 +364,6 @@ def test_traced_discount_acts():
         jnp.int32(1), jnp.ones(K, bool), theta(1), theta(2), None,
         *(jnp.zeros(2),) * 4, n[:2], jnp.ones(2, jnp.int32), sel.mask,
     )  # fmt: skip
-    beta = np.asarray(strategy.update(state, sel, feedback).beta)
+    beta = np.asarray(strategy.update(state, sel, feedback).inner.beta)
     np.testing.assert_allclose(beta[[1, 4]], 0.9)
     assert np.all(np.delete(beta, [1, 4]) == 1.0)

@@ -179,26 +179,26 @@ def test_every_pick_meets_the_engine_deadline():
     """In a simulation with the engine's deadline equal to FedCS's, no FedCS pick is a
     straggler (each one's download, update and upload end within its serial schedule)."""
     from fedjax_sel.data import load_dataset
+    from fedjax_sel.engine import RoundSpec
     from fedjax_sel.engine.simulation import Simulation
     from fedjax_sel.engine.system import lognormal
     from fedjax_sel.models import make_model
-    from fedjax_sel.training import LocalConfig
+    from fedjax_sel.training import HParams, LocalConfig
 
     ds = load_dataset("digits", num_clients=24, partition="dirichlet:0.5", seed=0)
     model = make_model("logreg", input_shape=ds.input_shape, num_classes=10)
     deadline = 12.0  # binding: FedCS fits 13 of 16 slots; 16 uniform picks leave stragglers
-    sim = Simulation(
+    spec = RoundSpec.create(
         ds,
         model,
         make_strategy("fedcs", 16, deadline=deadline, fraction=1.0),
-        local=LocalConfig(batch_size=16, lr=0.1, local_steps=2),
+        local=LocalConfig(batch_size=16, local_steps=2),
         per_round=16,
-        num_rounds=6,
-        chunk_size=6,
         system=lognormal(sigma=1.0),
         deadline=deadline,
     )
-    state, logs = sim.run_rounds(sim.init(seed=0), 6)
+    sim = Simulation(spec, ds, num_rounds=6, chunk_size=6)
+    state, logs = sim.run_rounds(sim.init(seed=0, hparams=HParams.of(0.1)), 6)
     assert np.all(logs.stragglers == 0)
     assert np.all((logs.num_selected >= 1) & (logs.num_selected < 16))
     assert np.all(logs.duration <= deadline)
@@ -216,7 +216,12 @@ def test_traced_deadline_acts():
     comm = rng.lognormal(0.5, 0.5, k).astype(np.float32)
     inputs, _ = _inputs(np.ones(k, bool), compute, comm, np.full(k, 10))
     strategy = make_strategy("fedcs", k, deadline=1000.0, fraction=1.0)
-    assert strategy.hyperparams == ("deadline", "request_seconds", "aggregation_seconds")
+    # traced, with the values it was built with
+    assert dict(strategy.hyperparams) == {
+        "deadline": 1000.0,
+        "request_seconds": 0.0,
+        "aggregation_seconds": 0.0,
+    }
     select = jax.jit(strategy.select, static_argnums=2)
     counts = []
     for deadline in (1000.0, 20.0):

@@ -11,9 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from fedjax_sel import engine
 from fedjax_sel.base import ConfigError, RoundInputs, SimSpec
 from fedjax_sel.data import load_dataset
-from fedjax_sel.engine.round import round_keys, select_phase
+from fedjax_sel.engine.phases import round_keys, select_phase
 from fedjax_sel.engine.simulation import Simulation
 from fedjax_sel.kernels.boltzmann import sample_per_coalition, standardize_within
 from fedjax_sel.kernels.covariance import init_covariance, value_vector
@@ -23,7 +24,7 @@ from fedjax_sel.strategies import make_strategy
 from fedjax_sel.strategies._sketch import sketch_coordinates, sketch_one
 from fedjax_sel.strategies.divfl import flatten_stacked
 from fedjax_sel.strategies.fedcvr_bolt import observe, select_clients
-from fedjax_sel.training import LocalConfig
+from fedjax_sel.training import HParams, LocalConfig
 
 FAST = CoalitionConfig(n_init=2)  # fewer k-means seedings keep the tests quick
 select_jit = jax.jit(
@@ -193,7 +194,7 @@ def test_warmup_is_uniform_then_boltzmann():
     k, p = 6, 2
     params = {"w": jnp.zeros((2,))}
     strat = make_strategy("fedcvr_bolt", p, warmup=3, beta=50.0, sketch="all", kmeans_init=2)
-    state = strat.init(jax.random.key(0), _spec(k, p, params))
+    state = strat.init(jax.random.key(0), _spec(k, p, params)).inner  # runs at beta = 50
     # two coalitions of 3; client 0 and client 3 have by far the largest value
     table = jnp.asarray([[1, 0.01], [1, 0.02], [1, 0.0], [0, 1], [0.01, 1], [0.02, 1]])
     c_alpha = jnp.asarray([[1.0, 1.0], [0, 0], [0, 0], [1.0, 1.0], [0, 0], [0, 0]])
@@ -228,7 +229,7 @@ def test_size_weights_and_config_errors():
     n = jnp.asarray([5, 10, 20, 40, 80, 160], jnp.int32)
     strat = make_strategy("fedcvr_bolt", p, warmup=0, sketch="all", kmeans_init=1)
     state = strat.init(jax.random.key(0), _spec(k, p, params, n))
-    np.testing.assert_allclose(np.asarray(state.alpha), np.asarray(n) / 315.0, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(state.inner.alpha), np.asarray(n) / 315.0, rtol=1e-6)
     inputs = RoundInputs(jnp.int32(0), jnp.ones(k, bool), params, n)
     sel, _ = jax.jit(strat.select, static_argnums=2)(state, inputs, None, jax.random.key(3))
     chosen = np.asarray(n)[np.asarray(sel.clients)]
@@ -269,32 +270,27 @@ def test_round_in_the_engine_tracks_trained_models():
     ds = load_dataset("regression", num_clients=k, seed=0, num_clusters=2, intercept=True)
     model = make_model("linreg", input_shape=ds.input_shape, num_classes=None)
     strat = make_strategy("fedcvr_bolt", p, warmup=1, sketch="all", kmeans_init=2)
-    sim = Simulation(
-        ds,
-        model,
-        strat,
-        local=LocalConfig(lr=0.05, local_steps=3),
-        per_round=p,
-        num_rounds=3,
-        chunk_size=1,
-    )
-    state = sim.init(seed=0)
+    spec = engine.RoundSpec.create(ds, model, strat, local=LocalConfig(local_steps=3), per_round=p)
+    sim = Simulation(spec, ds, num_rounds=3, chunk_size=1)
+    state = sim.init(seed=0, hparams=HParams.of(0.05))
 
     @jax.jit
     def step(state, data):
-        _, sel, available = select_phase(sim.round_spec, state, data)
+        _, sel, available = select_phase(spec, state, data)
         _, _, k_train = round_keys(state)
         everyone = jnp.arange(k, dtype=jnp.int32)
-        trained = sim.trainer(state.params, data.train, everyone, available, k_train)
-        new_state, _ = sim.round_fn(state, data)
+        trained = spec.trainer.train(
+            state.params, data.train, everyone, available, k_train, hparams=state.hparams
+        )
+        new_state, _ = engine.round_fn(spec, state, data)
         return sel, trained, new_state
 
-    table0 = np.asarray(state.strategy_state.table)
+    table0 = np.asarray(state.strategy_state.inner.table)
     for _ in range(3):
         sel, trained, new_state = step(state, sim.data)
         chosen = np.asarray(sel.clients)[np.asarray(sel.mask)]
         rows = np.asarray(flatten_stacked(trained.params))
-        table = np.asarray(new_state.strategy_state.table)
+        table = np.asarray(new_state.strategy_state.inner.table)
         np.testing.assert_allclose(table[chosen], rows[chosen], rtol=1e-5, atol=1e-6)
         others = np.setdiff1d(np.arange(k), chosen)
         np.testing.assert_array_equal(table[others], table0[others])
@@ -303,7 +299,7 @@ def test_round_in_the_engine_tracks_trained_models():
             np.asarray(sel.weights)[np.asarray(sel.mask)], counts / counts.sum(), rtol=1e-6
         )
         state, table0 = new_state, table
-    assert int(state.strategy_state.cov.count) == 3
+    assert int(state.strategy_state.inner.cov.count) == 3
     assert strat.metrics is None  # what used to be reported from state is now a diagnostic
     _, logs = sim.run_rounds(state, 1)
     diag = {k: np.asarray(v) for k, v in logs.diagnostics.items()}
@@ -412,13 +408,13 @@ def test_diagnostics_on_planted_coalitions(beta):
     params = {"w": jnp.zeros((d,))}
     spec = SimSpec(k, p, 10, jnp.full((k,), 10), params, p, jnp.asarray(counts, jnp.float32))
     strat = make_strategy("fedcvr_bolt", p, warmup=0, beta=beta, sketch="all", kmeans_init=2)
-    state = strat.init(jax.random.key(0), spec)
+    state = strat.init(jax.random.key(0), spec).inner  # runs at the beta it was built with
     c_alpha = jnp.asarray(rng.normal(size=(k, d)), jnp.float32)
     state = state._replace(table=jnp.asarray(table), cov=state.cov._replace(c_alpha=c_alpha))
     inputs = RoundInputs(jnp.int32(4), jnp.ones(k, bool), params, jnp.full((k,), 10))
     sel, new_state = jax.jit(strat.select, static_argnums=2)(state, inputs, None, jax.random.key(1))
     diag = {key: np.asarray(v) for key, v in sel.diagnostics.items()}
-    labels = np.asarray(new_state.labels)
+    labels = np.asarray(new_state.inner.labels)
     assert ari_pairs(labels, truth) == 1.0  # the planted coalitions are found
     np.testing.assert_array_equal(diag["coalition_sizes"], sizes)  # largest first
     assert diag["coalitions_used"] == p

@@ -13,9 +13,12 @@ import pytest
 
 from fedjax_sel.base import ConfigError
 from fedjax_sel.data import synthetic
-from fedjax_sel.reproduce import REPRODUCTIONS
-from fedjax_sel.reproduce import fedcvr_bolt as repro
-from fedjax_sel.reproduce.common import VERDICTS, not_recomputed, per_seed_stats_in
+from fedjax_sel.experiment.per_seed import not_recomputed, per_seed_stats_in
+from fedjax_sel.experiment.reproductions import REPRODUCTIONS
+from fedjax_sel.experiment.verdicts import VERDICTS
+from studies import fedcvr_bolt as repro
+from studies import fedcvr_bolt_readout as readout
+from studies import fedcvr_bolt_setup as setup
 
 VERDICT_FIELDS = {
     "paper",
@@ -54,8 +57,8 @@ PINNED_TINY_VALUES = {
 }
 
 
-def tiny_scale(t1_rounds: int) -> repro.Scale:
-    return repro.Scale(
+def tiny_scale(t1_rounds: int) -> setup.Scale:
+    return setup.Scale(
         "cpu",
         t1_rounds=t1_rounds,
         t1_clients=10,
@@ -86,32 +89,32 @@ def test_tiny_reproduction_verdicts_and_changed_rounds_rerun(tmp_path, monkeypat
     )
     setting = "table1 D=1 Non-IID"
     monkeypatch.setattr(
-        repro, "table1_settings", lambda: [(setting, repro.SLOPE, "Non-IID", False, 2)]
+        repro, "table1_settings", lambda: [(setting, setup.SLOPE, "Non-IID", False, 2)]
     )
-    fedavg = repro.Method(repro.FEDAVG, "uniform")
+    fedavg = setup.Method(setup.FEDAVG, "uniform")
 
     def few(sketch, warmup, per_round=3):  # FedAvg and FedCVR-Bolt keep the test small
-        return [fedavg, repro.bolt_method(repro.BOLT, sketch + (("kmeans_init", 1),), warmup)]
+        return [fedavg, setup.bolt_method(setup.BOLT, sketch + (("kmeans_init", 1),), warmup)]
 
     monkeypatch.setattr(repro, "common_methods", few)
     monkeypatch.setattr(  # Table 2 on the fake CIFAR-10: FedCVR-Bolt alone
         repro, "table2_methods", lambda name, warmup, per_round: few(repro.bolt_sketch(name), 1)[1:]
     )
-    monkeypatch.setitem(repro.SCALES, "cpu", tiny_scale(3))
+    monkeypatch.setitem(setup.SCALES, "cpu", tiny_scale(3))
     out = tmp_path / "out"
     kw = dict(seeds=2, out=out, size="cpu", data_dir=str(tmp_path), table1_seeds=3)
     results = repro.run(tables=("1", "2"), **kw)
 
     rows = json.loads((out / "verdicts.json").read_text())
     assert [(r["setting"], r["method"], r["baseline"]) for r in rows] == [
-        (setting, repro.BOLT, repro.FEDAVG)  # Table 2's claims need baselines that did not run
+        (setting, setup.BOLT, setup.FEDAVG)  # Table 2's claims need baselines that did not run
     ]
     (row,) = rows
     assert VERDICT_FIELDS <= set(row) and row["verdict"] in VERDICTS
     assert row["seeds"] == 3 and row["profile"] == "paper" and row["size"] == "cpu"
-    paper = repro.PAPER_TABLE1[(repro.SLOPE, "Non-IID")]
+    paper = setup.PAPER_TABLE1[(setup.SLOPE, "Non-IID")]
     assert row["paper_diff"] == pytest.approx(100 * (54.7102 / 57.1336 - 1), abs=0.01)
-    assert paper[repro.BOLT][0] == 54.7102
+    assert paper[setup.BOLT][0] == 54.7102
 
     def final_mse(label, seed):
         folder = out / "runs" / setting.replace(" ", "_") / label / f"seed{seed}"
@@ -120,7 +123,7 @@ def test_tiny_reproduction_verdicts_and_changed_rounds_rerun(tmp_path, monkeypat
 
     pct = [100 * final_mse("FedCVR-Bolt", s)[0] / final_mse("FedAvg", s)[0] for s in range(3)]
     assert row["diff_mean"] == pytest.approx(np.mean(pct) - 100, rel=1e-9)
-    assert results["tables"][setting][repro.FEDAVG][repro.MSE_PCT]["mean"] == pytest.approx(100)
+    assert results["tables"][setting][setup.FEDAVG][readout.MSE_PCT]["mean"] == pytest.approx(100)
     # the diagnostics reached the tables: Table 1 rows carry the law's entropy ratio
     # (each seed's mean over the chunks after the warm-up, then over seeds: the pooled mean)
     law = []
@@ -130,7 +133,7 @@ def test_tiny_reproduction_verdicts_and_changed_rounds_rerun(tmp_path, monkeypat
         law += [e["diagnostics"]["law_entropy_ratio"] for prev, e in zip(
             [{"round": 0}, *records], records, strict=False) if prev["round"] >= 1
             and e.get("diagnostics")]  # fmt: skip
-    got = results["diagnostics"][setting][repro.BOLT]["law_entropy_ratio"]
+    got = results["diagnostics"][setting][setup.BOLT]["law_entropy_ratio"]
     assert len(law) == 3 * 2 and got == pytest.approx(np.mean(law), rel=1e-12)
     # the CIFAR-10 path on the fake file: CNN, a 300-weight sketch; CIFAR-100 absent, said so
     cfg = json.loads(
@@ -153,7 +156,7 @@ def test_tiny_reproduction_verdicts_and_changed_rounds_rerun(tmp_path, monkeypat
 
     # a changed configuration (rounds) is recomputed, not reused; an unchanged one is reused
     mse0, folder = final_mse("FedAvg", 0)
-    monkeypatch.setitem(repro.SCALES, "cpu", tiny_scale(4))
+    monkeypatch.setitem(setup.SCALES, "cpu", tiny_scale(4))
     monkeypatch.setattr(repro, "common_methods", lambda sketch, warmup, per_round=3: [fedavg])
     repro.run(tables=("1",), **kw)
     summary = json.loads((folder / "summary.json").read_text())
@@ -189,7 +192,7 @@ def test_method_lists_follow_the_paper():
     t1 = [m.label for m in repro.table1_methods()]
     assert t1[0] == "FedAvg" and {"Power-of-Choice", "Active FL", "FedCVR-Bolt"} <= set(t1)
     t2 = {m.label: m for m in repro.table2_methods("mnist")}
-    assert set(repro.PAPER_TABLE2["mnist"]) <= set(t2)
+    assert set(setup.PAPER_TABLE2["mnist"]) <= set(t2)
     assert t2["FedProx"].prox_mu > 0 and dict(t2["Power-of-Choice"].args)["d"] == 20
     assert dict(t2["Active FL"].args) == {
         "alpha1": 0.8,
@@ -197,27 +200,27 @@ def test_method_lists_follow_the_paper():
         "alpha3": 0.0,
         "refresh": "available",
     }
-    assert dict(t2[repro.BETA0].args)["beta"] == 0.0
-    assert dict(t2[repro.SCALE_FREE].args)["value_scale"] == "standardized"
+    assert dict(t2[setup.BETA0].args)["beta"] == 0.0
+    assert dict(t2[setup.SCALE_FREE].args)["value_scale"] == "standardized"
     assert all(dict(m.args).get("warmup") == 30 for m in t2.values() if m.strategy == "fedcvr_bolt")
     assert dict(repro.bolt_sketch("cifar10"))["sketch_dim"] == 300
     for size in ("cpu", "paper"):
-        scale = repro.SCALES[size]
+        scale = setup.SCALES[size]
         assert scale.rounds_of("mnist") == 200 and scale.warmup == 30 and scale.t1_rounds == 100
-    assert repro.SCALES["paper"].local_epochs == 10 and repro.SCALES["paper"].fraction == 1.0
+    assert setup.SCALES["paper"].local_epochs == 10 and setup.SCALES["paper"].fraction == 1.0
     with pytest.raises(ConfigError, match="table"):
         repro.run(seeds=5, out="/tmp/unused", tables=("3",))
 
 
 def test_table4_claims_do_not_need_table2():
     """``tables=4`` alone (the kernels rerun with more seeds) still reads Table 4's claims."""
-    only4 = repro.image_claims("mnist", ("4",))
-    assert [c.baseline for c in only4] == list(repro.KERNEL_LABELS.values())
-    assert {c.label for c in only4} == {repro.BOLT}
-    p4 = repro.PAPER_TABLE4["mnist"]
+    only4 = readout.image_claims("mnist", ("4",))
+    assert [c.baseline for c in only4] == list(setup.KERNEL_LABELS.values())
+    assert {c.label for c in only4} == {setup.BOLT}
+    p4 = setup.PAPER_TABLE4["mnist"]
     assert [c.paper_diff for c in only4] == [
-        round(p4["rbf"] - p4[k], 2) for k in repro.KERNEL_LABELS
+        round(p4["rbf"] - p4[k], 2) for k in setup.KERNEL_LABELS
     ]
-    only2 = repro.image_claims("mnist", ("2",))
-    assert [c.baseline for c in only2] == [repro.FEDAVG, "Active FL", "FedProx", "IFCA"]
-    assert repro.image_claims("mnist", ("2", "4")) == only2 + only4
+    only2 = readout.image_claims("mnist", ("2",))
+    assert [c.baseline for c in only2] == [setup.FEDAVG, "Active FL", "FedProx", "IFCA"]
+    assert readout.image_claims("mnist", ("2", "4")) == only2 + only4

@@ -11,14 +11,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from fedjax_sel import engine
 from fedjax_sel.availability import from_spec
 from fedjax_sel.base import ClientOracle, ConfigError, RoundInputs, SimSpec, TrainResult
 from fedjax_sel.data import load_dataset
-from fedjax_sel.engine.round import round_keys, select_phase
+from fedjax_sel.engine.phases import round_keys, select_phase
 from fedjax_sel.engine.simulation import Simulation
 from fedjax_sel.models import make_model
 from fedjax_sel.strategies import make_strategy
-from fedjax_sel.training import LocalConfig
+from fedjax_sel.training import HParams, LocalConfig, parse_parallel
 from fedjax_sel.training import evaluate as ev
 
 K, D = 12, 3
@@ -283,19 +284,22 @@ def digits():
     return load_dataset("digits", num_clients=K, seed=0, test_fraction=0.2, server_fraction=0.1)
 
 
-def _sim(ds, strategy, prox_mu=0.0, parallel="vmap", availability="subset:n=8,every=3"):
+def _sim(ds, strategy, prox=False, parallel="vmap", availability="subset:n=8,every=3"):
     model = make_model("logreg", input_shape=ds.input_shape, num_classes=10)
-    return Simulation(
+    spec = engine.RoundSpec.create(
         ds,
         model,
         strategy,
-        local=LocalConfig(batch_size=16, lr=0.2, local_steps=3, prox_mu=prox_mu),
+        local=LocalConfig(batch_size=16, local_steps=3, prox=prox),
         per_round=3,
-        num_rounds=6,
         availability=from_spec(availability),
-        parallel=parallel,
-        chunk_size=2,
+        parallel=parse_parallel(parallel),
     )
+    return Simulation(spec, ds, num_rounds=6, chunk_size=2)
+
+
+def _hparams(prox_mu=0.0):
+    return HParams.of(0.2, prox_mu=prox_mu)
 
 
 @pytest.mark.parametrize("prox_mu, parallel", [(0.0, "vmap"), (0.5, "map")])
@@ -303,16 +307,18 @@ def test_pretrained_slots_equal_the_rounds_own_training(digits, prox_mu, paralle
     """FilFL trains every considered client before filtering; aggregating the selected slots'
     results must give exactly what the round would compute by training them itself."""
     sim = _sim(
-        digits, make_strategy("filfl", 3, inner="power_of_choice", period=2), prox_mu, parallel
+        digits, make_strategy("filfl", 3, inner="power_of_choice", period=2), prox_mu > 0, parallel
     )
-    state = sim.init(seed=1)
+    state = sim.init(seed=1, hparams=_hparams(prox_mu))
 
     @jax.jit
     def check(state, data):
-        _, sel, _ = select_phase(sim.round_spec, state, data)
+        _, sel, _ = select_phase(sim.spec, state, data)
         _, _, k_train = round_keys(state)
-        own = sim.trainer(state.params, data.train, sel.clients, sel.mask, k_train)
-        new_state, _ = sim.round_fn(state, data)
+        own = sim.spec.trainer.train(
+            state.params, data.train, sel.clients, sel.mask, k_train, hparams=state.hparams
+        )
+        new_state, _ = engine.round_fn(sim.spec, state, data)
         expect = jax.tree.map(
             lambda g, p: g + jnp.tensordot(sel.weights * sel.mask, p - g[None], axes=1),
             state.params,
@@ -332,11 +338,11 @@ def test_pretrained_slots_equal_the_rounds_own_training(digits, prox_mu, paralle
 def test_filter_size_and_client_filtering_set(digits):
     model = make_model("logreg", input_shape=digits.input_shape, num_classes=10)
     sim = _sim(digits, make_strategy("filfl", 3, filter_size=7, empty_value="global"))
-    _, logs = sim.run_rounds(sim.init(seed=0), 1)
+    _, logs = sim.run_rounds(sim.init(seed=0, hparams=_hparams()), 1)
     # R(empty) = -F_V(w_0) on 7 server examples spread evenly over the set
     m = digits.server_x.shape[0]
     idx = (np.arange(7) * m) // 7
-    params0 = sim.init(seed=0).params
+    params0 = sim.init(seed=0, hparams=_hparams()).params
     logits = np.asarray(model.apply(params0, digits.server_x[idx]))
     logp = (
         logits
@@ -348,7 +354,7 @@ def test_filter_size_and_client_filtering_set(digits):
     np.testing.assert_allclose(float(logs.diagnostics["value_global"][0]), -f_v, rtol=1e-5)
     # variable filtering set: one considered client's own test split
     sim = _sim(digits, make_strategy("filfl", 3, filter_data="client", empty_value="global"))
-    state = sim.init(seed=0)
+    state = sim.init(seed=0, hparams=_hparams())
     _, logs = sim.run_rounds(state, 1)
     value = float(logs.diagnostics["value_empty"][0])
     per_client = -np.asarray(
@@ -377,7 +383,7 @@ def test_subset_availability_statistics():
 
 
 def test_cli_run_with_filfl(tmp_path):
-    from fedjax_sel.cli import main
+    from fedjax_sel.cli.main import main
 
     out = tmp_path / "run"
     main(

@@ -20,12 +20,14 @@ from fedjax_sel.data.dataset_shakespeare_filfl import (
     code_windows,
 )
 from fedjax_sel.experiment.compare import Run
+from fedjax_sel.experiment.reproductions import REPRODUCTIONS
+from fedjax_sel.experiment.resolve import resolve
 from fedjax_sel.experiment.run import RunResult
-from fedjax_sel.reproduce import REPRODUCTIONS
-from fedjax_sel.reproduce import filfl as repro
-from fedjax_sel.reproduce.common import VERDICTS
+from fedjax_sel.experiment.verdicts import VERDICTS
+from studies import filfl as repro
+from studies import filfl_setup as setup
 
-PAPER = repro.SCALES["paper"]
+PAPER = setup.SCALES["paper"]
 
 # The tiny end-to-end run's values (per_seed.json: cell -> seed -> metric) at the commit that
 # pinned them. A change that moves them changes the reproduction's results: update them only on
@@ -54,7 +56,7 @@ def test_code_profile_configurations():
     code's filtering windows, f(empty) = 0 and DGF ties added, the availability redrawn in
     each of the first 5 rounds, FedProx mu = 0.001."""
     task = PAPER.shakespeare
-    methods = repro.main_methods("code")
+    methods = setup.main_methods("code")
     labels = [m.label("code") for m in methods]
     assert labels == [
         "FedAvg (PoC)",
@@ -65,9 +67,9 @@ def test_code_profile_configurations():
         "FilFL DGF (FedProx, RS)",
         "FilFL RGF (FedProx, RS)",
     ]
-    configs = {m.label("code"): repro.make_config(m, task, "code") for m in methods}
+    configs = {m.label("code"): setup.make_config(m, task, "code") for m in methods}
     for cfg in configs.values():
-        cfg.resolve()  # every option is known to its registry
+        resolve(cfg)  # every option is known to its registry
         assert (cfg.num_clients, cfg.per_round, cfg.rounds) == (143, 10, 200)
         assert (cfg.momentum, cfg.weight_decay, cfg.persistent_client_state) == (0.9, 1e-4, True)
         assert (cfg.lr, cfg.local_epochs, cfg.local_steps, cfg.batch_size) == (0.8, 1, None, 64)
@@ -96,7 +98,7 @@ def test_code_profile_configurations():
     for label in ("FedProx (RS)", "FilFL DGF (FedProx, RS)", "FilFL RGF (FedProx, RS)"):
         assert configs[label].prox_mu == 0.001
     # the code's FEMNIST training on the image task
-    img = repro.make_config(repro.RS, PAPER.image, "code")
+    img = setup.make_config(setup.RS, PAPER.image, "code")
     assert (img.lr, img.local_epochs, img.batch_size, img.momentum) == (0.003, 2, 16, 0.9)
 
 
@@ -104,16 +106,16 @@ def test_paper_profile_keeps_the_text():
     """The paper profile: PoC on the filtered set, plain SGD, the ECAI introduction, R(empty)
     infeasible and DGF's ties removed (the defaults)."""
     task = PAPER.shakespeare
-    labels = [m.label("paper") for m in repro.main_methods("paper")]
+    labels = [m.label("paper") for m in setup.main_methods("paper")]
     assert labels[:3] == ["FedAvg (PoC)", "FilFL DGF (PoC)", "FilFL RGF (PoC)"]
-    cfg = repro.make_config(repro.filfl_methods("poc")[0], task, "paper")
+    cfg = setup.make_config(setup.filfl_methods("poc")[0], task, "paper")
     assert cfg.strategy_args["inner"] == "power_of_choice"
     assert cfg.strategy_args["inner_args"] == "d=100"
     assert "empty_value" not in cfg.strategy_args and "ties" not in cfg.strategy_args
     assert (cfg.momentum, cfg.weight_decay, cfg.persistent_client_state) == (0.0, 0.0, False)
     assert cfg.availability == "subset:n=100,every=5"
     assert cfg.dataset_args["filter_text"] == "introduction"
-    claims = repro.main_claims("shakespeare", "paper")
+    claims = setup.main_claims("shakespeare", "paper")
     assert [(c.label, c.baseline, c.paper_diff) for c in claims] == [
         ("FilFL DGF (PoC)", "FedAvg (PoC)", 10.0),
         ("FilFL RGF (PoC)", "FedAvg (PoC)", 10.0),
@@ -121,7 +123,7 @@ def test_paper_profile_keeps_the_text():
         ("FilFL RGF (FedProx, RS)", "FedProx (RS)", 6.0),
     ]
     assert {c.metric for c in claims} == {"tail:test_accuracy"}
-    code = repro.main_claims("shakespeare", "code")  # as coded: FilFL (RS) vs FedAvg (PoC)
+    code = setup.main_claims("shakespeare", "code")  # as coded: FilFL (RS) vs FedAvg (PoC)
     assert (code[0].label, code[0].baseline) == ("FilFL DGF (RS)", "FedAvg (PoC)")
     assert {c.metric for c in code} == {"tail:client_test_accuracy_mean"}
 
@@ -129,9 +131,9 @@ def test_paper_profile_keeps_the_text():
 def test_ratio_claims_read_both_greedies_from_the_one_tracked_run():
     """Fig. 11: both ratios come from the brute-force run, which filters with DGF; the RGF row
     says so (its method column names that run)."""
-    dgf, rgf = repro.ratio_claims("paper")
+    dgf, rgf = setup.ratio_claims("paper")
     assert (dgf.metric, rgf.metric) == ("diagmin:ratio_dgf", "diagmin:ratio_rgf")
-    assert dgf.label == rgf.label == repro.RATIO_METHOD.label("paper")
+    assert dgf.label == rgf.label == setup.RATIO_METHOD.label("paper")
     assert (dgf.paper_diff, rgf.paper_diff) == (0.0, 0.0)
     assert "DGF filters" in rgf.note and "DGF filters" not in dgf.note
 
@@ -198,20 +200,20 @@ def test_run_metrics_against_numpy():
             }
         )
     run = _run(records)
-    np.testing.assert_allclose(repro.run_metric(run, "tail", "test_accuracy"), 0.7)  # r > 20
+    np.testing.assert_allclose(setup.run_metric(run, "tail", "test_accuracy"), 0.7)  # r > 20
     expect = np.concatenate(rates).mean()
-    np.testing.assert_allclose(repro.run_metric(run, "diag", "filter_rate"), expect)
-    np.testing.assert_allclose(repro.run_metric(run, "diagmin", "filter_rate"), 0.3)
-    assert repro.run_metric(run, "diag", "worse") is None  # a run without that diagnostic
+    np.testing.assert_allclose(setup.run_metric(run, "diag", "filter_rate"), expect)
+    np.testing.assert_allclose(setup.run_metric(run, "diagmin", "filter_rate"), 0.3)
+    assert setup.run_metric(run, "diag", "worse") is None  # a run without that diagnostic
     # tail over the last 20% of 50 rounds: rounds 41..50
     run = _run([{"round": t, "test_accuracy": t / 100} for t in range(5, 55, 5)])
-    np.testing.assert_allclose(repro.run_metric(run, "tail", "test_accuracy"), 0.475)
+    np.testing.assert_allclose(setup.run_metric(run, "tail", "test_accuracy"), 0.475)
 
 
-def _fake_study(tmp_path, accuracy: dict[str, float], profile="code") -> repro.FilFLStudy:
+def _fake_study(tmp_path, accuracy: dict[str, float], profile="code") -> setup.FilFLStudy:
     """A study whose runs are records written by hand (3 seeds; FilFL arms filter every
     round: filter_round 1, worse share 0.5, half of the worse removed)."""
-    study = repro.FilFLStudy("filfl", profile=profile, size="cpu", seeds=3, out=tmp_path)
+    study = setup.FilFLStudy("filfl", profile=profile, size="cpu", seeds=3, out=tmp_path)
     cfg = RunConfig()
     for label, acc in accuracy.items():
         runs = []
@@ -275,12 +277,12 @@ def _fake_npz(path: Path, shape, classes: int, n: int = 64) -> None:
 def test_paper_size_data_sets_on_fake_files(tmp_path):
     """EMNIST (FEMNIST's place) and CIFAR-10 cannot be fetched here: with their files present
     the paper size runs them, without them MNIST stands in and the absence is recorded."""
-    image, cifar, absent = repro.resolve_tasks(PAPER, tmp_path)
+    image, cifar, absent = setup.resolve_tasks(PAPER, tmp_path)
     assert image.dataset == "mnist" and cifar == image
     assert set(absent) == {"emnist", "cifar10"} and "stands in" in absent["emnist"]
     _fake_npz(tmp_path / "emnist.npz", (28, 28), 62)
     _fake_npz(tmp_path / "cifar10.npz", (32, 32, 3), 10)
-    image, cifar, absent = repro.resolve_tasks(PAPER, tmp_path)
+    image, cifar, absent = setup.resolve_tasks(PAPER, tmp_path)
     assert (image.dataset, cifar.dataset, absent) == ("emnist", "cifar10", {})
     assert (image.num_clients, image.available, image.per_round) == (190, 50, 5)
     assert (cifar.num_clients, cifar.available, cifar.per_round, cifar.filter_size) == (
@@ -289,20 +291,20 @@ def test_paper_size_data_sets_on_fake_files(tmp_path):
         3,
         500,
     )
-    cfg = repro.make_config(repro.filfl_methods("rs")[1], cifar, "paper", str(tmp_path))
-    cfg = cfg.resolve()
+    cfg = setup.make_config(setup.filfl_methods("rs")[1], cifar, "paper", str(tmp_path))
+    cfg = resolve(cfg).config
     assert cfg.dataset == "cifar10" and cfg.strategy_args["filter_size"] == 500
 
 
 # ----------------------------------------------------------------------------- end to end
-TINY = repro.Task(
+TINY = setup.Task(
     "digits", 10, 6, 2, 6, 2, model="logreg", partition="dirichlet:0.5", server_fraction=0.1,
     test_fraction=0.2, local_steps=2, batch_size=16, lr=0.1,
 )  # fmt: skip
 
 
-def _tiny_scale(rounds: int) -> repro.Scale:
-    return repro.Scale("cpu", TINY, TINY, None, ratio_rounds=rounds, ratio_available=5)
+def _tiny_scale(rounds: int) -> setup.Scale:
+    return setup.Scale("cpu", TINY, TINY, None, ratio_rounds=rounds, ratio_available=5)
 
 
 @pytest.mark.slow
@@ -312,7 +314,7 @@ def test_tiny_end_to_end_writes_verdicts_and_recomputes_changed_cells(
     """Fig. 11 at a tiny size through ``fedjax-sel reproduce``'s entry: verdicts.json holds
     the required fields; the same call reuses the finished cells; changing the rounds reruns
     them (the Study matches cells by their whole configuration)."""
-    monkeypatch.setitem(repro.SCALES, "cpu", _tiny_scale(4))
+    monkeypatch.setitem(setup.SCALES, "cpu", _tiny_scale(4))
     assert REPRODUCTIONS["filfl"].factory is repro.run
     out = tmp_path / "out"
 
@@ -328,7 +330,7 @@ def test_tiny_end_to_end_writes_verdicts_and_recomputes_changed_cells(
     }  # fmt: skip
     assert len(rows) == 2 and all(required <= set(r) for r in rows)
     for r in rows:  # a greedy never beats the optimum: min ratio in (0, 1]
-        assert r["baseline"] == repro.BOUND_LABEL and r["seeds"] == 2 and r["paper_value"] == 0.96
+        assert r["baseline"] == setup.BOUND_LABEL and r["seeds"] == 2 and r["paper_value"] == 0.96
         assert 0 < r["ours_mean"] <= 1 + 1e-6
         np.testing.assert_allclose(r["diff_mean"], r["ours_mean"] - 0.96)
         assert r["verdict"] in VERDICTS
@@ -340,7 +342,7 @@ def test_tiny_end_to_end_writes_verdicts_and_recomputes_changed_cells(
     stamp = summary.stat().st_mtime_ns
     run(parts="ratio")
     assert summary.stat().st_mtime_ns == stamp  # finished and unchanged: reused
-    monkeypatch.setitem(repro.SCALES, "cpu", _tiny_scale(3))
+    monkeypatch.setitem(setup.SCALES, "cpu", _tiny_scale(3))
     run(parts="ratio")
     assert json.loads(summary.read_text())["rounds_completed"] == 3  # recomputed
     with pytest.raises(ConfigError, match="parts"):
@@ -348,11 +350,11 @@ def test_tiny_end_to_end_writes_verdicts_and_recomputes_changed_cells(
 
 
 def test_scales_are_consistent():
-    for scale in repro.SCALES.values():
+    for scale in setup.SCALES.values():
         for task in (scale.shakespeare, scale.image, scale.cifar, scale.emnist):
             if task is None:
                 continue
             assert task.per_round <= task.available <= task.num_clients
             assert task.rounds % task.eval_every == 0  # equal chunks: diag means are exact
         assert 2**scale.ratio_available - 1 <= 2**16
-    assert dataclasses.asdict(repro.SCALES["paper"].shakespeare)["num_clients"] == 143
+    assert dataclasses.asdict(setup.SCALES["paper"].shakespeare)["num_clients"] == 143

@@ -27,10 +27,11 @@ from fedjax_sel.availability.fedscale_trace import load_behaviour_trace
 from fedjax_sel.availability.trace import load_trace
 from fedjax_sel.base import ConfigError
 from fedjax_sel.benchmark.suite import parse_suite
-from fedjax_sel.cli import main
+from fedjax_sel.cli.main import main
 from fedjax_sel.config import RunConfig, read_config_file
 from fedjax_sel.data import load_dataset
 from fedjax_sel.data.loaders import load_npz
+from fedjax_sel.experiment.resolve import resolve
 from fedjax_sel.experiment.sweep import expand_sweep
 
 FUZZ = settings(
@@ -74,7 +75,7 @@ def accepted_or_config_error(fn, *args, **kwargs) -> None:
 @FUZZ
 @given(st.dictionaries(st.sampled_from(FIELDS), VALUES, max_size=4))
 def test_configurations(fields):
-    accepted_or_config_error(lambda: RunConfig.from_dict(fields).validate().resolve())
+    accepted_or_config_error(lambda: resolve(RunConfig.from_dict(fields).validate()))
 
 
 SWEEP_OPTIONS = st.dictionaries(

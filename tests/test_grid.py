@@ -84,7 +84,7 @@ def test_a_tuned_grid_sweep_runs_one_program_per_strategy(tmp_path, monkeypatch)
     real = run_lib.run_group
 
     def counting(configs, *args, **kwargs):
-        groups.append(sorted({(c.strategy, c.lr) for c in configs}))
+        groups.append(sorted({(c.config.strategy, c.config.lr) for c in configs}))
         return real(configs, *args, **kwargs)
 
     monkeypatch.setattr(run_lib, "run_group", counting)
@@ -229,7 +229,7 @@ def test_traced_strategy_hyperparameters_share_a_program_and_equal_separate_runs
     assert len({round(x, 6) for x in spreads}) == 3 and min(spreads) > 0
 
 
-def test_injected_state_reads_through_and_refuses_untraced_names():
+def test_injected_state_holds_the_values_and_refuses_untraced_names():
     import jax
 
     from fedjax_sel.base import SimSpec
@@ -237,11 +237,11 @@ def test_injected_state_reads_through_and_refuses_untraced_names():
     from fedjax_sel.strategies.hyperparams import init_with_hyperparams
 
     strategy = make_strategy("hetero_select", 2, tau0=1.5, w_d=0)  # no label counts needed
-    assert strategy.hyperparams == ("eta", "gamma", "alpha", "tau0")
+    assert strategy.hyperparams == (("eta", 0.3), ("gamma", 0.7), ("alpha", 0.5), ("tau0", 1.5))
     spec = SimSpec(num_clients=5, per_round=2, num_rounds=3, num_examples=np.ones(5), params={})
     state = strategy.init(jax.random.key(0), spec)
     assert float(state.hyperparams["tau0"]) == 1.5
-    assert state.participations.shape == (5,)  # the inner state's field, read through
+    assert state.inner.participations.shape == (5,)  # HeteRo-Select's own state beside them
     state = init_with_hyperparams(strategy, jax.random.key(0), spec, {"tau0": 3.0})
     assert float(state.hyperparams["tau0"]) == 3.0
     assert float(state.hyperparams["eta"]) == np.float32(0.3)  # the default, as built
@@ -255,7 +255,7 @@ def test_round_spec_is_static_and_refuses_what_cannot_work():
     import jax
 
     from fedjax_sel.data.datasets import load_dataset
-    from fedjax_sel.engine.round import RoundSpec
+    from fedjax_sel.engine import RoundSpec
     from fedjax_sel.models import make_model
     from fedjax_sel.strategies import make_strategy
     from fedjax_sel.training import LocalConfig
@@ -313,7 +313,7 @@ def test_a_strategys_own_grid_is_labelled_run_in_one_program_and_tuned(tmp_path,
     real = run_lib.run_group
 
     def counting(configs, *args, **kwargs):
-        groups.append(sorted({c.label for c in configs}))
+        groups.append(sorted({c.config.label for c in configs}))
         return real(configs, *args, **kwargs)
 
     monkeypatch.setattr(run_lib, "run_group", counting)
@@ -383,7 +383,7 @@ def test_the_docs_list_every_strategys_traced_hyperparameters():
     from pathlib import Path
 
     from fedjax_sel.strategies import STRATEGIES
-    from fedjax_sel.strategies.registry import traced_hyperparams
+    from fedjax_sel.strategies.registry import traced_values
 
     text = (Path(__file__).parents[1] / "docs" / "extending.md").read_text()
     table = text.split("### Traced hyperparameters", 1)[1].split("\n\n")[1]
@@ -391,8 +391,9 @@ def test_the_docs_list_every_strategys_traced_hyperparameters():
         row.split("|")[1].strip(): tuple(x.strip(" `") for x in row.split("|")[2].split(","))
         for row in table.splitlines()[2:]
     }
-    registered = {n: traced_hyperparams(n) for n in sorted(STRATEGIES) if traced_hyperparams(n)}
-    assert documented == registered
+    # what each strategy traces, built with its defaults (a run's default 10 slots)
+    traced = {n: tuple(traced_values(n, 10, {})) for n in sorted(STRATEGIES)}
+    assert documented == {n: names for n, names in traced.items() if names}
 
 
 def test_nbytes_counts_arrays_and_shapes_but_not_prng_keys():

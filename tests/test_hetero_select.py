@@ -13,12 +13,14 @@ import pytest
 
 from fedjax_sel.base import ClientOracle, ConfigError, RoundFeedback, RoundInputs, SimSpec
 from fedjax_sel.data import load_dataset
+from fedjax_sel.engine import RoundSpec
+from fedjax_sel.engine.oracle import client_oracle
 from fedjax_sel.engine.simulation import Simulation
 from fedjax_sel.kernels import hetero_select as hs
 from fedjax_sel.models import make_model
 from fedjax_sel.strategies import make_strategy
 from fedjax_sel.strategies.hetero_select import HeteroSelectState, compute_components
-from fedjax_sel.training import LocalConfig
+from fedjax_sel.training import HParams, LocalConfig
 
 K, C = 16, 10
 
@@ -217,7 +219,7 @@ def test_select_probabilities_match_numpy_pipeline(scoring):
     case = random_case(11, t=31)
     strategy = make_strategy("hetero_select", 4, scoring=scoring, w_d=1.0, tau0=1.5, **CFG)
     state = strategy.init(jax.random.key(0), spec_of(case))
-    state = state_of(case)._replace(divergence=state.divergence)
+    state = state._replace(inner=state_of(case)._replace(divergence=state.inner.divergence))
     inputs = RoundInputs(jnp.int32(30), jnp.asarray(case["avail"]), {}, jnp.ones(K, jnp.int32))
     sel, new_state = strategy.select(
         state, inputs, fake_oracle(case["loss_now"]), jax.random.key(1)
@@ -240,7 +242,9 @@ def test_select_probabilities_match_numpy_pipeline(scoring):
     np.testing.assert_allclose(sel.weights, 0.25)
     # the oracle's losses become the history: L(w_{t-1}) for available clients only
     np.testing.assert_allclose(
-        new_state.loss_last, np.where(case["avail"], case["loss_now"], case["loss_prev"]), rtol=1e-6
+        new_state.inner.loss_last,
+        np.where(case["avail"], case["loss_now"], case["loss_prev"]),
+        rtol=1e-6,
     )
 
 
@@ -286,7 +290,7 @@ def test_update_bookkeeping_and_last_loss_source():
     )
     from fedjax_sel.base import Selection
 
-    st = strategy.update(state, Selection(sel_clients, mask, jnp.ones(3) / 2), fb)
+    st = strategy.update(state, Selection(sel_clients, mask, jnp.ones(3) / 2), fb).inner
     assert st.participations.tolist() == [1 if i in (4, 9) else 0 for i in range(K)]
     assert st.last_round.tolist() == [6 if i in (4, 9) else 0 for i in range(K)]
     np.testing.assert_allclose(st.norm_sq[jnp.array([4, 9])], [4.0, 9.0])
@@ -401,17 +405,15 @@ def digits():
     return load_dataset("digits", num_clients=12, partition="dirichlet:0.3", seed=0)
 
 
-def _sim(ds, strategy, per_round=4, rounds=6, mu=0.1):
+def _sim(ds, strategy, per_round=4, rounds=6):
     model = make_model("logreg", input_shape=ds.input_shape, num_classes=10)
-    return Simulation(
-        ds,
-        model,
-        strategy,
-        local=LocalConfig(batch_size=16, lr=0.1, local_steps=3, prox_mu=mu),
-        per_round=per_round,
-        num_rounds=rounds,
-        chunk_size=rounds,
-    )
+    local = LocalConfig(batch_size=16, local_steps=3, prox=True)
+    spec = RoundSpec.create(ds, model, strategy, local=local, per_round=per_round)
+    return Simulation(spec, ds, num_rounds=rounds, chunk_size=rounds)
+
+
+def _hparams():
+    return HParams.of(0.1, prox_mu=0.1)
 
 
 def test_value_only_with_cold_temperature_is_top_loss(digits):
@@ -421,9 +423,9 @@ def test_value_only_with_cold_temperature_is_top_loss(digits):
         "hetero_select", 4, w_v=1, w_d=0, w_m=0, w_f=0, w_st=0, w_n=0, tau0=1e-4
     )
     sim = _sim(digits, strategy)
-    state = sim.init(seed=1)
+    state = sim.init(seed=1, hparams=_hparams())
     for _ in range(3):
-        losses = np.asarray(sim.oracle(sim.data).all_losses(state.params))
+        losses = np.asarray(client_oracle(sim.spec, sim.data, _hparams()).all_losses(state.params))
         new_state, logs = sim.run_rounds(state, 1)
         assert set(logs.clients[0].tolist()) == set(np.argsort(-losses)[:4].tolist())
         state = new_state
@@ -433,9 +435,9 @@ def test_run_is_deterministic_and_counts_add_up(digits):
     runs = []
     for _ in range(2):
         sim = _sim(digits, make_strategy("hetero_select", 4, scoring="multiplicative"))
-        state, logs = sim.run_rounds(sim.init(seed=3), 6)
+        state, logs = sim.run_rounds(sim.init(seed=3, hparams=_hparams()), 6)
         runs.append((np.asarray(logs.clients), jax.tree.map(np.asarray, state.params)))
-        st = state.strategy_state
+        st = state.strategy_state.inner
         np.testing.assert_array_equal(st.participations, state.selection_counts)
         assert int(st.participations.sum()) == 6 * 4
         assert np.isfinite(sim.evaluate(state)["test_loss"])
@@ -465,4 +467,4 @@ def test_regression_data_needs_w_d_zero():
     with pytest.raises(ConfigError, match="w_d=0"):
         make_strategy("hetero_select", 2).init(jax.random.key(0), spec)
     state = make_strategy("hetero_select", 2, w_d=0).init(jax.random.key(0), spec)
-    assert np.all(np.asarray(state.divergence) == 0)
+    assert np.all(np.asarray(state.inner.divergence) == 0)

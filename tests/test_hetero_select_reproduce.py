@@ -13,17 +13,16 @@ import numpy as np
 import pytest
 
 from fedjax_sel.base import ConfigError
-from fedjax_sel.cli import main
+from fedjax_sel.cli.main import main
 from fedjax_sel.experiment import run_group
+from fedjax_sel.experiment.per_seed import summarize_per_seed
+from fedjax_sel.experiment.reproductions import REPRODUCTIONS, run_reproduction
+from fedjax_sel.experiment.resolve import resolve
+from fedjax_sel.experiment.verdicts import VERDICTS, claim_of_row, claim_row
 from fedjax_sel.models import make_model
-from fedjax_sel.reproduce import REPRODUCTIONS, run_reproduction
-from fedjax_sel.reproduce import hetero_select as hsr
-from fedjax_sel.reproduce.common import (
-    VERDICTS,
-    claim_of_row,
-    claim_row,
-    summarize_per_seed,
-)
+from studies import data as study_data
+from studies import hetero_select as hsr
+from studies import hetero_select_setup as setup
 
 REQUIRED = (
     "paper claim profile size seeds paper_value ours_mean ours_ci_low ours_ci_high diff_mean "
@@ -43,42 +42,46 @@ PINNED_TINY_VALUES = {
 
 
 def test_configs_follow_the_paper():
-    cpu, paper = hsr.SCALES["cpu"], hsr.SCALES["paper"]
-    for method in hsr.TABLE1_METHODS:
-        c = hsr.make_config(method, "mnist", paper).resolve()
+    cpu, paper = setup.SCALES["cpu"], setup.SCALES["paper"]
+    for method in setup.TABLE1_METHODS:
+        c = resolve(setup.make_config(method, "mnist", paper)).config
         assert (c.num_clients, c.per_round, c.partition) == (12, 6, "dirichlet:0.1")
         assert c.prox_mu == 0.1 and c.eval_every == 1 and c.data_seed == 0
         assert (c.rounds, c.local_epochs, c.local_steps) == (100, 5, None)
         if method.strategy == "hetero_select":
             assert c.strategy_args["schedule_rounds"] == 100  # the schedules end with the run
-    oort = hsr.make_config(hsr.TABLE1_METHODS[2], "mnist", cpu).resolve()
+    oort = resolve(setup.make_config(setup.TABLE1_METHODS[2], "mnist", cpu)).config
     assert oort.strategy_args == {"preset": "original", "samples_per_round": 0}  # |B_i| = n_i
     assert (oort.system, oort.overcommit) == ("lognormal", 1.1)  # the artifact's 1.1
     assert oort.rounds == cpu.rounds and oort.local_epochs == cpu.local_epochs
-    stale = hsr.make_config(hsr.TABLE1_METHODS[-1], "mnist", cpu).strategy_args
+    stale = setup.make_config(setup.TABLE1_METHODS[-1], "mnist", cpu).strategy_args
     assert {k: stale[k] for k in ("w_v", "w_d", "w_m", "w_f", "w_n")} == dict.fromkeys(
         ("w_v", "w_d", "w_m", "w_f", "w_n"), 0.0
     )
-    fedavg = hsr.make_config(hsr.FULL_FEDAVG, "mnist", paper)
+    fedavg = setup.make_config(setup.FULL_FEDAVG, "mnist", paper)
     assert (fedavg.strategy, fedavg.per_round, fedavg.prox_mu) == ("full", 12, 0.0)
-    assert hsr.make_config(hsr.FULL_FEDPROX, "mnist", paper).prox_mu == 0.1
-    assert hsr.make_config(hsr.TABLE4_METHODS[-1], "mnist", paper).per_round == 9
-    ablation = hsr.make_config(hsr.ablation_method(hsr.ABLATIONS[0]), "mnist", paper, ablation=True)
+    assert setup.make_config(setup.FULL_FEDPROX, "mnist", paper).prox_mu == 0.1
+    assert setup.make_config(setup.TABLE4_METHODS[-1], "mnist", paper).per_round == 9
+    ablation = setup.make_config(
+        setup.ablation_method(setup.ABLATIONS[0]), "mnist", paper, ablation=True
+    )
     assert (ablation.rounds, ablation.local_epochs, ablation.prox_mu) == (50, 2, 0.01)
     assert ablation.strategy_args == {"gamma": 0.0, "eta": 0.3, "tau0": 1.0, "schedule_rounds": 50}
 
 
 def test_ablation_grid_is_table3():
-    blocks = [a.block for a in hsr.ABLATIONS]
+    blocks = [a.block for a in setup.ABLATIONS]
     assert [blocks.count(b) for b in dict.fromkeys(blocks)] == [4, 4, 5, 3, 4]
     keys = {
-        hsr.make_config(hsr.ablation_method(a), "mnist", hsr.SCALES["cpu"], ablation=True)
+        setup.make_config(setup.ablation_method(a), "mnist", setup.SCALES["cpu"], ablation=True)
         .replace(label=None)
         .results_key()
-        for a in hsr.ABLATIONS
+        for a in setup.ABLATIONS
     }
     assert len(keys) == 16  # the paper reruns gamma=0.7, eta=0.3, T=1 (and T=2) in four blocks
-    part = [hsr.per_round_of(a.participation) for a in hsr.ABLATIONS if a.block.startswith("Part")]
+    part = [
+        setup.per_round_of(a.participation) for a in setup.ABLATIONS if a.block.startswith("Part")
+    ]
     assert part == [3, 6, 9]
 
 
@@ -96,14 +99,14 @@ def _write_npz(path: Path, name: str, n: int, shape, classes: int = 10, seed: in
 
 def test_subsample_is_stratified(tmp_path):
     _write_npz(tmp_path / "src", "mnist", 400, (28, 28))
-    out = hsr.subsampled_npz("mnist", 0.25, tmp_path / "sub", tmp_path / "src")
+    out = study_data.subsampled_npz("mnist", 0.25, tmp_path / "sub", tmp_path / "src")
     with np.load(out) as f:
         assert np.bincount(f["y_train"]).tolist() == [10] * 10
         assert f["x_test"].shape[0] == 100
     stamp = out.stat().st_mtime_ns
-    assert hsr.subsampled_npz("mnist", 0.25, tmp_path / "sub", tmp_path / "src") == out
+    assert study_data.subsampled_npz("mnist", 0.25, tmp_path / "sub", tmp_path / "src") == out
     assert out.stat().st_mtime_ns == stamp  # the same fraction: reused
-    hsr.subsampled_npz("mnist", 0.5, tmp_path / "sub", tmp_path / "src")
+    study_data.subsampled_npz("mnist", 0.5, tmp_path / "sub", tmp_path / "src")
     with np.load(out) as f:  # another fraction in the same folder: redrawn, not reused
         assert np.bincount(f["y_train"]).tolist() == [20] * 10
 
@@ -116,7 +119,7 @@ def test_resnet18_has_resnet18_parameters():
 
 
 def test_cifar_status_names_what_is_missing(tmp_path):
-    ok, message = hsr.cifar_status(tmp_path)  # no cifar10.npz there
+    ok, message = setup.cifar_status(tmp_path)  # no cifar10.npz there
     assert not ok and "MNIST with the MLP stands in" in message
     if jax.default_backend() == "gpu":
         assert "data absent" in message
@@ -129,9 +132,9 @@ def test_cifar_path_runs_on_a_fake_file(tmp_path):
     CIFAR file (a linear model stands in for ResNet-18, whose compilation takes a minute on
     the CPU; ResNet-18 itself is tested in test_models)."""
     _write_npz(tmp_path, "cifar10", 240, (32, 32, 3))
-    scale = hsr.Scale("tiny", 2, 1, 1, 1, 8, 0.05, "mlp", 1.0)
-    config = hsr.make_config(
-        hsr.TABLE1_METHODS[0], "cifar10", scale, data_path=str(tmp_path), model="resnet18"
+    scale = setup.Scale("tiny", 2, 1, 1, 1, 8, 0.05, "mlp", 1.0)
+    config = setup.make_config(
+        setup.TABLE1_METHODS[0], "cifar10", scale, data_path=str(tmp_path), model="resnet18"
     )
     assert config.model == "resnet18"
     (result,) = run_group([config.replace(model="logreg")], [tmp_path / "run"])
@@ -144,7 +147,7 @@ def test_cifar_path_runs_on_a_fake_file(tmp_path):
 @pytest.fixture
 def tiny(monkeypatch, tmp_path):
     _write_npz(tmp_path / "data", "mnist", 480, (28, 28))
-    monkeypatch.setitem(hsr.SCALES, "cpu", hsr.Scale("cpu", 3, 2, 1, 1, 16, 0.1, "logreg", 0.5))
+    monkeypatch.setitem(setup.SCALES, "cpu", setup.Scale("cpu", 3, 2, 1, 1, 16, 0.1, "logreg", 0.5))
     return tmp_path
 
 
@@ -285,7 +288,7 @@ def test_tiny_end_to_end_verdicts_and_cache(tiny, capsys, check_pinned):
         run_reproduction("hetero-select", seeds=3, out=out, size="cpu", data_dir=tiny / "data")
     (out / "run_info.json").write_text(json.dumps(second))
     # a changed size (rounds) is not served from the cache
-    hsr.SCALES["cpu"] = hsr.Scale("cpu", 2, 2, 1, 1, 16, 0.1, "logreg", 0.5)
+    setup.SCALES["cpu"] = setup.Scale("cpu", 2, 2, 1, 1, 16, 0.1, "logreg", 0.5)
     REPRODUCTIONS.build(
         "hetero-select",
         seeds=1,
@@ -345,14 +348,14 @@ def test_table1_without_extras_runs_the_claimed_rows_only(tiny, capsys):
     argv = _two_seed_argv(tiny, "I")
     assert main(argv + ["--option", "table1_extras=false"]) == 0
     ran = {p.name for p in (out / "runs" / "mnist").iterdir()}
-    assert len(ran) == 4 and len(hsr.TABLE1_CLAIMED) == 4
+    assert len(ran) == 4 and len(setup.TABLE1_CLAIMED) == 4
     results = json.loads((out / "results.json").read_text())
     assert results["table1_methods"] == [
-        m.label for m in hsr.TABLE1_METHODS if m.label in hsr.TABLE1_CLAIMED
+        m.label for m in setup.TABLE1_METHODS if m.label in setup.TABLE1_CLAIMED
     ]
     rows = json.loads((out / "verdicts.json").read_text())
     assert len(rows) == len(hsr.claims("mnist", ("I",))) == 12  # without the cell the paper loses
-    assert {r["method"] for r in rows} == {hsr.ADDITIVE}
+    assert {r["method"] for r in rows} == {setup.ADDITIVE}
     assert {r["baseline"] for r in rows} == {"Random Selection", "Oort", "Power-of-Choice"}
     assert all(r["seeds"] == 2 for r in rows)
     # the stability-drop claims rest on random selection collapsing (a drop of 5 points or

@@ -17,7 +17,7 @@ def test_ruff_clean():
     if not Path(ruff).exists():
         pytest.fail("ruff is not installed: install the test extras (pip install -e '.[test]')")
     r = subprocess.run(
-        [ruff, "check", "fedjax_sel", "tests", "benchmarks"],
+        [ruff, "check", "fedjax_sel", "studies", "tools", "tests", "benchmarks"],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from fedjax_sel import metrics
-from fedjax_sel.cli import print_summary_table
 from fedjax_sel.config import RunConfig
 from fedjax_sel.experiment import run_experiment
+from fedjax_sel.experiment.outputs import print_summary_table
 
 
 @pytest.mark.parametrize("seed", range(5))

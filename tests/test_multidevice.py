@@ -17,17 +17,23 @@ SCRIPT = textwrap.dedent(
     from fedjax_sel.availability import bernoulli
     from fedjax_sel.data import load_dataset
     from fedjax_sel.models import make_model
+    from fedjax_sel.engine import RoundSpec
+    from fedjax_sel.engine.oracle import evaluate
     from fedjax_sel.engine.simulation import Simulation, default_mesh
     from fedjax_sel.strategies import make_strategy
-    from fedjax_sel.training import LocalConfig
+    from fedjax_sel.training import HParams, LocalConfig, parse_parallel
 
     mode, out = sys.argv[1], sys.argv[2]
     ds = load_dataset("digits", num_clients=16, partition="iid", seed=0, layout="padded")
     model = make_model("mlp", input_shape=ds.input_shape, num_classes=10, hidden=(16,))
-    sim = Simulation(ds, model, make_strategy("uniform", 8), per_round=8, num_rounds=4,
-                     local=LocalConfig(batch_size=8, lr=0.1, local_steps=3),
-                     availability=bernoulli(0.8), parallel=mode, mesh=default_mesh())
-    state, log = sim.run_rounds(sim.init(seed=0), 4)
+    mesh = default_mesh()
+    round_spec = RoundSpec.create(ds, model, make_strategy("uniform", 8), per_round=8,
+                                  local=LocalConfig(batch_size=8, local_steps=3),
+                                  availability=bernoulli(0.8), parallel=parse_parallel(mode),
+                                  mesh=mesh)
+    sim = Simulation(round_spec, ds, num_rounds=4, mesh=mesh)
+    hparams = HParams.of(0.1)
+    state, log = sim.run_rounds(sim.init(seed=0, hparams=hparams), 4)
     leaves = [np.asarray(x) for x in jax.tree.leaves(state.params)]
     scores = sim.evaluate(state)
 
@@ -37,14 +43,16 @@ SCRIPT = textwrap.dedent(
         return (cost[0] if isinstance(cost, list) else cost)["flops"]
 
     def train(params, data):
-        return sim.trainer(params, data.train, jnp.arange(8), jnp.ones(8, bool),
-                           jax.random.key(0))
+        return round_spec.trainer.train(params, data.train, jnp.arange(8), jnp.ones(8, bool),
+                                        jax.random.key(0), hparams=hparams)
 
     trained = jax.jit(train)(state.params, sim.data)
     spec = getattr(jax.tree.leaves(trained.params)[0].sharding, "spec", None)
     spec = "unsharded" if not spec else str(spec[0])
     train_flops = flops(train, state.params, sim.data)
-    eval_flops = flops(lambda p, d: sim.evaluate_fn(p, None, d), state.params, sim.data)
+    eval_flops = flops(
+        lambda p, d: evaluate(round_spec, p, None, d, mesh), state.params, sim.data
+    )
     np.savez(out, clients=log.clients, mask=log.mask, n_dev=len(jax.devices()),
              train_flops=train_flops, eval_flops=eval_flops, spec=spec,
              test_accuracy=scores["test_accuracy"], test_loss=scores["test_loss"],

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from fedjax_sel.base import ConfigError
-from fedjax_sel.cli import main
+from fedjax_sel.cli.main import main
 from fedjax_sel.data import load_dataset
 from fedjax_sel.data import shakespeare as sp
 

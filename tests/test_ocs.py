@@ -223,7 +223,7 @@ def test_expected_is_traced_and_checked():
     keys = jax.random.split(jax.random.key(4), 3)
     built_2 = make_strategy("ocs", 8, expected=2.0)
     built_5 = make_strategy("ocs", 8, expected=5.0)
-    assert built_2.hyperparams == ("expected",)
+    assert built_2.hyperparams == (("expected", 2.0),)
     spec = SimSpec(K, 8, 5, jnp.asarray(sizes), {"w": jnp.ones(D)})
     switched = init_with_hyperparams(built_2, jax.random.key(0), spec, {"expected": 5.0})
     a = select_many(built_2, updates, sizes, np.ones(K, bool), keys, state=switched)

@@ -15,11 +15,12 @@ import pytest
 
 from fedjax_sel.base import ConfigError, RoundFeedback, RoundInputs, SimSpec
 from fedjax_sel.data import load_dataset
+from fedjax_sel.engine import RoundSpec
 from fedjax_sel.engine.simulation import Simulation
 from fedjax_sel.kernels import oort as ok
 from fedjax_sel.models import make_model
 from fedjax_sel.strategies import make_strategy
-from fedjax_sel.training import LocalConfig
+from fedjax_sel.training import HParams, LocalConfig
 
 K = 20
 
@@ -177,9 +178,10 @@ def spec(per_round=4, num_examples=None):
 
 
 def explored_state(strategy, seed, explored_fraction=0.6, per_round=4):
-    """A state in the middle of a run: some clients explored with random rewards."""
+    """A state in the middle of a run: some clients explored with random rewards (Oort's own
+    state, inside the one that carries its traced hyperparameters)."""
     rng = np.random.default_rng(seed)
-    state = strategy.init(jax.random.key(seed), spec(per_round))
+    state = strategy.init(jax.random.key(seed), spec(per_round)).inner
     explored = rng.random(K) < explored_fraction
     return state._replace(
         reward=jnp.where(
@@ -204,8 +206,11 @@ def _jitted_select(strategy):
 
 
 def run_select(strategy, state, available, key, round_=9):
-    """``strategy.select`` at 0-based round ``round_`` (jitted once per strategy)."""
-    return _jitted_select(strategy)(state, jnp.asarray(available), key, jnp.int32(round_))
+    """``strategy.select`` at 0-based round ``round_`` (jitted once per strategy), from Oort's
+    own state (run at the values the strategy was built with) to the selection and Oort's own
+    new state."""
+    sel, new = _jitted_select(strategy)(state, jnp.asarray(available), key, jnp.int32(round_))
+    return sel, new.inner
 
 
 @pytest.mark.parametrize("preset", ["original", "fedscale"])
@@ -290,7 +295,7 @@ def test_update_bookkeeping_explored_unexplored():
     for stragglers), and all six take their realized durations."""
     kp = 6
     strategy = make_strategy("oort", kp, samples_per_round=15)
-    state = strategy.init(jax.random.key(0), spec(kp))
+    state = strategy.init(jax.random.key(0), spec(kp)).inner
     n = np.arange(10, 10 + K)
     np.testing.assert_allclose(state.reward, np.minimum(n, 15))  # the size prior |B_i|
     assert not np.asarray(state.count).any()
@@ -317,7 +322,7 @@ def test_update_bookkeeping_explored_unexplored():
         requested=jnp.ones(kp, bool),
         durations=jnp.asarray(realized),
     )
-    new = strategy.update(state, sel, fb)
+    new = strategy.update(state, sel, fb).inner
     utility = np.minimum(n[clients], 15) * np.sqrt([0.25, 1.0, 4.0])
     np.testing.assert_allclose(np.asarray(new.reward)[clients], utility, rtol=1e-6)
     np.testing.assert_allclose(np.asarray(new.reward)[stragglers], utility.mean(), rtol=1e-6)
@@ -375,21 +380,20 @@ def test_oort_saves_simulated_time_against_uniform():
 
     ds = load_dataset("digits", num_clients=24, partition="dirichlet:0.5", seed=0)
     model = make_model("logreg", input_shape=ds.input_shape, num_classes=10)
-    local = LocalConfig(batch_size=16, lr=0.1, local_steps=2)
+    local = LocalConfig(batch_size=16, local_steps=2)
     times = {}
     for name in ("oort", "uniform"):
-        sim = Simulation(
+        spec = RoundSpec.create(
             ds,
             model,
             make_strategy(name, 5),
             local=local,
             per_round=4,
-            num_rounds=30,
-            chunk_size=30,
             system=lognormal(sigma=1.2),
             overcommit=1.3,
         )
-        state, logs = sim.run_rounds(sim.init(seed=0), 30)
+        sim = Simulation(spec, ds, num_rounds=30, chunk_size=30)
+        state, logs = sim.run_rounds(sim.init(seed=0, hparams=HParams.of(0.1)), 30)
         times[name] = float(state.sim_time)
         assert times[name] == pytest.approx(float(np.sum(logs.duration)), rel=1e-5)
         assert np.all(logs.num_selected == 4)  # 5 picks, the first 4 finishers kept
@@ -414,7 +418,7 @@ def test_bad_configuration_is_a_clear_error(kwargs, match):
 def test_cli_style_string_arguments_are_coerced():
     strategy = make_strategy("oort", 4, preset="fedscale", cut_off_util="0.5", pacer_step="7")
     state = strategy.init(jax.random.key(0), spec())
-    assert state.exploit_history.shape == (14,)
+    assert state.inner.exploit_history.shape == (14,)
 
 
 def np_oort_explored_scores(

@@ -15,12 +15,14 @@ import pytest
 from test_experiment import small as experiment_small
 
 from fedjax_sel.base import ConfigError
+from fedjax_sel.benchmark import cells as cells_lib
 from fedjax_sel.benchmark import run as suite_run
 from fedjax_sel.benchmark import suite as suite_lib
-from fedjax_sel.cli import main
+from fedjax_sel.cli.main import main
 from fedjax_sel.config import RunConfig
 from fedjax_sel.experiment import run_experiment, run_sweep
 from fedjax_sel.experiment.outdir import LOCK, Lock, check_distinct_folders, folder_name
+from fedjax_sel.experiment.records import Store
 from fedjax_sel.experiment.sweep import expand_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -191,13 +193,13 @@ def test_another_configuration_is_refused_without_overwrite(tmp_path, capsys):
 
 
 def test_a_suite_record_of_another_configuration_is_not_replaced(tmp_path):
-    store = suite_lib.Store(tmp_path / "per_seed" / "t.json")
+    store = Store(tmp_path / "per_seed" / "t.json")
     ident = {"phase": "eval", "scenario": "ideal", "strategy": "uniform", "seed": 1}
     store.put({**ident, "key": "old", "metrics": {}})
     assert store.conflicts([(ident, "old")]) == []
     assert store.conflicts([(ident, "new")]) == ["eval/ideal/uniform/1"]
     config = small(seed=1)
-    planned = [suite_lib.Planned(ident, config, tmp_path / "runs" / "c", None)]
+    planned = [cells_lib.Planned(ident, config, tmp_path / "runs" / "c", None)]
     # refused before anything runs (a run would need the task, which is None here)
     with pytest.raises(ConfigError, match="holds records of another configuration for 1 cell"):
         suite_run._run_cells(planned, store, 1, suite_run._Progress(None, [], False), quiet)

@@ -24,7 +24,7 @@ def test_unknown_name_is_an_attribute_error():
 @pytest.mark.parametrize(
     "module",
     [
-        "fedjax_sel.cli",
+        "fedjax_sel.cli.main",
         "fedjax_sel.demo",
         "fedjax_sel.kernels.nystrom",
         "fedjax_sel.kernels.spectral",

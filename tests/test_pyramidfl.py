@@ -174,14 +174,14 @@ def test_ranking_matches_numpy_on_planted_case(ranking, variant, top):
     strategy = planted_strategy(ranking=ranking, gradient_utility=variant)
     state = after_first_round(strategy)
     reward = np.concatenate([expected_utility(ranking, variant), np.full(K - P, 10.0)])
-    np.testing.assert_allclose(np.asarray(state.oort.reward), reward, rtol=1e-4)
+    np.testing.assert_allclose(np.asarray(state.oort.inner.reward), reward, rtol=1e-4)
     scores = np_scores(reward, np.arange(K) < P, np.ones(K), DURATIONS, 2, 0.98, 50.0, 2.0)
     ranked = sorted(scores, key=scores.get, reverse=True)
     # the planted case is deterministic: the cut-off (1.1 x the 4th score) keeps the top 3
     assert scores[ranked[2]] >= 1.1 * scores[ranked[3]] * 1.05
     assert set(ranked[:3]) == top and 1 not in top
     sel, new = jax.jit(strategy.select, static_argnums=2)(state, inputs(1), None, jax.random.key(3))
-    exploit = set(np.flatnonzero(np.asarray(new.oort.last_exploit)).tolist())
+    exploit = set(np.flatnonzero(np.asarray(new.oort.inner.last_exploit)).tolist())
     assert exploit == top
     picks = np.asarray(sel.clients)[np.asarray(sel.mask)]
     assert len(set(picks.tolist())) == P and top <= set(picks.tolist())
@@ -199,9 +199,9 @@ def test_exploit_len_is_capped_below_the_explored_count():
     s_pyr, s_oort = after_first_round(pyr), after_first_round(oort)
     _, new_pyr = jax.jit(pyr.select, static_argnums=2)(s_pyr, inputs(1), None, jax.random.key(1))
     _, new_oort = jax.jit(oort.select, static_argnums=2)(s_oort, inputs(1), None, jax.random.key(1))
-    assert int(jnp.sum(new_pyr.oort.last_exploit)) == 5
-    assert int(jnp.sum(new_pyr.oort.last_explore)) == 1
-    assert int(jnp.sum(new_oort.last_exploit)) == 6
+    assert int(jnp.sum(new_pyr.oort.inner.last_exploit)) == 5
+    assert int(jnp.sum(new_pyr.oort.inner.last_explore)) == 1
+    assert int(jnp.sum(new_oort.inner.last_exploit)) == 6
 
 
 def test_gradient_utility_matches_numpy():
@@ -258,7 +258,7 @@ def test_plan_matches_prune_client_tasks(dropout, adapt):
 
 def test_plan_is_logged_and_traced_knobs_reach_oort():
     strategy = planted_strategy(keep=4)
-    assert strategy.hyperparams == OORT_TRACED
+    assert tuple(dict(strategy.hyperparams)) == OORT_TRACED
     state = init_with_hyperparams(strategy, jax.random.key(0), spec(), {"round_penalty": 1.5})
     assert float(state.oort.hyperparams["round_penalty"]) == 1.5
     sel, new = jax.jit(strategy.select, static_argnums=2)(state, inputs(0), None, jax.random.key(2))

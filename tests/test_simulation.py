@@ -13,12 +13,16 @@ from fedjax_sel.availability import bernoulli
 from fedjax_sel.base import ConfigError
 from fedjax_sel.config import RunConfig
 from fedjax_sel.data import load_dataset
+from fedjax_sel.engine import RoundSpec
 from fedjax_sel.engine.simulation import Simulation
 from fedjax_sel.experiment import finished_result, run_experiment
 from fedjax_sel.experiment.outputs import TIMING_KEYS
+from fedjax_sel.experiment.resolve import resolve
 from fedjax_sel.models import make_model
 from fedjax_sel.strategies import make_strategy
-from fedjax_sel.training import LocalConfig
+from fedjax_sel.training import HParams, LocalConfig, parse_parallel
+
+LR = HParams.of(0.2)
 
 
 @pytest.fixture(scope="module")
@@ -26,12 +30,12 @@ def digits():
     return load_dataset("digits", num_clients=12, partition="dirichlet:0.5", seed=0)
 
 
-def _sim(ds, strategy="uniform", per_round=4, **kw):
+def _sim(ds, strategy="uniform", per_round=4, chunk_size=10, **kw):
     model = make_model("logreg", input_shape=ds.input_shape, num_classes=10)
-    kw.setdefault("local", LocalConfig(batch_size=16, lr=0.2, local_steps=3))
-    return Simulation(
-        ds, model, make_strategy(strategy, per_round), per_round=per_round, num_rounds=20, **kw
-    )
+    kw.setdefault("local", LocalConfig(batch_size=16, local_steps=3))
+    strategy = make_strategy(strategy, per_round)
+    spec = RoundSpec.create(ds, model, strategy, per_round=per_round, **kw)
+    return Simulation(spec, ds, num_rounds=20, chunk_size=chunk_size)
 
 
 @pytest.mark.parametrize("parallel", ["vmap", "map"])
@@ -39,11 +43,11 @@ def test_round_is_weighted_average_of_independent_client_updates(digits, paralle
     """The new model is the size-weighted mean of the clients' updates, each trained alone;
     under ``map`` the trainer adds them up as it trains (the P models are never stacked) and
     the log's mean update norm is still that of the clients' own updates."""
-    from fedjax_sel.engine.round import streams_aggregate
+    from fedjax_sel.engine.phases import streams_aggregate
 
-    sim = _sim(digits, chunk_size=1, parallel=parallel)
-    assert streams_aggregate(sim.round_spec) == (parallel == "map")
-    state = sim.init(seed=3)
+    sim = _sim(digits, chunk_size=1, parallel=parse_parallel(parallel))
+    assert streams_aggregate(sim.spec) == (parallel == "map")
+    state = sim.init(seed=3, hparams=LR)
     new_state, log = sim.run_rounds(state, 1)
     clients, mask = log.clients[0], log.mask[0]
     assert mask.all() and len(set(clients.tolist())) == 4
@@ -53,7 +57,9 @@ def test_round_is_weighted_average_of_independent_client_updates(digits, paralle
     expected = jax.tree.map(lambda p: np.zeros(p.shape, np.float64), state.params)
     norms = []
     for c in clients:
-        res = sim.trainer(state.params, digits.train, jnp.array([c]), jnp.ones(1, bool), k_train)
+        res = sim.spec.trainer.train(
+            state.params, digits.train, jnp.array([c]), jnp.ones(1, bool), k_train, hparams=LR
+        )
         w = counts[c] / counts[clients].sum()
         expected = jax.tree.map(
             lambda e, p, g, w=w: e + w * (np.asarray(p[0], np.float64) - np.asarray(g)),
@@ -84,7 +90,7 @@ def test_same_seed_same_results_bit_for_bit_whatever_the_chunk_size(digits):
     outs = []
     for chunk in (1, 4, 10, 10):
         sim = _sim(digits, chunk_size=chunk, availability=bernoulli(0.7))
-        state, log = sim.run_rounds(sim.init(seed=5), 10)
+        state, log = sim.run_rounds(sim.init(seed=5, hparams=LR), 10)
         outs.append((state, log))
     ref_state, ref_log = outs[0]
     for state, log in outs[1:]:
@@ -94,15 +100,15 @@ def test_same_seed_same_results_bit_for_bit_whatever_the_chunk_size(digits):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
         np.testing.assert_array_equal(ref_log.clients, log.clients)
         np.testing.assert_array_equal(ref_log.train_loss, log.train_loss)
-    other, _ = _sim(digits).run_rounds(_sim(digits).init(seed=6), 2)
+    other, _ = _sim(digits).run_rounds(_sim(digits).init(seed=6, hparams=LR), 2)
     first = jax.tree.leaves(outs[0][0].params)[0]
     assert not np.array_equal(np.asarray(first), np.asarray(jax.tree.leaves(other.params)[0]))
 
 
 def test_profiled_round_agrees_with_the_compiled_one(digits):
     sim = _sim(digits, chunk_size=3)
-    state, log = sim.run_rounds(sim.init(seed=1), 3)
-    state_p, log_p, seconds = sim.run_rounds_profiled(sim.init(seed=1), 3)
+    state, log = sim.run_rounds(sim.init(seed=1, hparams=LR), 3)
+    state_p, log_p, seconds = sim.run_rounds_profiled(sim.init(seed=1, hparams=LR), 3)
     assert set(seconds) == {"select", "train", "aggregate"}
     np.testing.assert_array_equal(log.clients, log_p.clients)
     for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(state_p.params), strict=True):
@@ -114,15 +120,15 @@ def test_donated_rounds_give_the_same_results_and_consume_their_input(digits, ho
     buffers: the same state and logs bit for bit, in the fused and the profiled rounds, and
     the donated input can no longer be read (XLA:CPU honours the donation)."""
     sim = _sim(digits, strategy="fedcvr_bolt", chunk_size=2)
-    state, log = sim.run_rounds(sim.init(seed=4), 4)
-    given = sim.init(seed=4)
+    state, log = sim.run_rounds(sim.init(seed=4, hparams=LR), 4)
+    given = sim.init(seed=4, hparams=LR)
     donated, log_d = sim.run_rounds(given, 4, donate=True)
     for a, b in zip(host_leaves(state), host_leaves(donated), strict=True):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(log.clients, log_d.clients)
     assert jax.tree.leaves(given.params)[0].is_deleted()
-    kept, _, _ = sim.run_rounds_profiled(sim.init(seed=4), 2)
-    given = sim.init(seed=4)
+    kept, _, _ = sim.run_rounds_profiled(sim.init(seed=4, hparams=LR), 2)
+    given = sim.init(seed=4, hparams=LR)
     profiled, _, _ = sim.run_rounds_profiled(given, 2, donate=True)
     for a, b in zip(host_leaves(kept), host_leaves(profiled), strict=True):
         np.testing.assert_array_equal(a, b)
@@ -144,9 +150,9 @@ def test_donated_rounds_give_the_same_results_and_consume_their_input(digits, ho
 
 def test_evaluate_matches_direct_computation(digits):
     sim = _sim(digits)
-    state, _ = sim.run_rounds(sim.init(seed=0), 5)
+    state, _ = sim.run_rounds(sim.init(seed=0, hparams=LR), 5)
     scores = sim.evaluate(state)
-    logits = np.asarray(sim.model.apply(state.params, digits.test_x))
+    logits = np.asarray(sim.spec.model.apply(state.params, digits.test_x))
     acc = np.mean(logits.argmax(1) == np.asarray(digits.test_y))
     assert scores["test_accuracy"] == pytest.approx(acc, abs=1e-6)
     z = logits - logits.max(1, keepdims=True)
@@ -186,15 +192,12 @@ def test_per_client_test_means_match_numpy(layout):
         {},
     )
     model = make_model("logreg", input_shape=(6,), num_classes=3)
-    sim = Simulation(
-        ds,
-        model,
-        make_strategy("uniform", 2),
-        local=LocalConfig(batch_size=4),
-        per_round=2,
-        num_rounds=1,
+    spec = RoundSpec.create(
+        ds, model, make_strategy("uniform", 2), local=LocalConfig(batch_size=4), per_round=2
     )
-    state = sim.init(0, params=jax.tree.map(lambda a: a + 0.3, model.init(jax.random.key(1))))
+    sim = Simulation(spec, ds, num_rounds=1)
+    params = jax.tree.map(lambda a: a + 0.3, model.init(jax.random.key(1)))
+    state = sim.init(0, params=params, hparams=LR)
     scores = sim.evaluate(state)
     w = np.asarray(state.params["Dense_0"]["kernel"])
     b = np.asarray(state.params["Dense_0"]["bias"])
@@ -223,16 +226,16 @@ def test_per_client_test_means_match_numpy(layout):
 
 def test_fedavg_learns_digits(digits):
     sim = _sim(digits, strategy="full", per_round=12)
-    state, _ = sim.run_rounds(sim.init(seed=0), 30)
+    state, _ = sim.run_rounds(sim.init(seed=0, hparams=LR), 30)
     assert sim.evaluate(state)["test_accuracy"] > 0.85
 
 
 def test_persistent_client_state_runs_and_differs(digits):
-    local = LocalConfig(batch_size=16, lr=0.1, local_steps=3, momentum=0.9)
+    local = LocalConfig(batch_size=16, local_steps=3, momentum=0.9)
     a = _sim(digits, local=local, persistent_client_state=True)
     b = _sim(digits, local=local, persistent_client_state=False)
-    sa, _ = a.run_rounds(a.init(0), 6)
-    sb, _ = b.run_rounds(b.init(0), 6)
+    sa, _ = a.run_rounds(a.init(0, hparams=HParams.of(0.1)), 6)
+    sb, _ = b.run_rounds(b.init(0, hparams=HParams.of(0.1)), 6)
     la, lb = jax.tree.leaves(sa.params)[0], jax.tree.leaves(sb.params)[0]
     assert np.all(np.isfinite(np.asarray(la))) and not np.allclose(la, lb)
 
@@ -241,14 +244,17 @@ def test_simulation_rejects_impossible_settings(digits):
     with pytest.raises(ConfigError, match="per_round=13"):
         _sim(digits, per_round=13)
     with pytest.raises(ConfigError, match="regression"):
-        Simulation(
+        RoundSpec.create(
             digits,
             make_model("linreg", input_shape=(64,), num_classes=None),
             make_strategy("uniform", 2),
             local=LocalConfig(),
             per_round=2,
-            num_rounds=2,
         )
+    with pytest.raises(ConfigError, match="num_rounds must be >= 1"):
+        Simulation(_sim(digits).spec, digits, num_rounds=0)
+    with pytest.raises(ConfigError, match="prox_mu=0.5 needs a simulation built with prox_mu"):
+        _sim(digits).init(0, hparams=HParams.of(0.1, prox_mu=0.5))
 
 
 def test_run_experiment_writes_the_output_contract(tmp_path):
@@ -282,7 +288,7 @@ def test_run_experiment_writes_the_output_contract(tmp_path):
     for key in ("wall_seconds", "rounds_per_second", "client_updates_per_second"):
         assert timings[key] > 0, key
     assert res.timings == timings
-    assert finished_result(cfg.resolve(), tmp_path).timings == res.timings
+    assert finished_result(resolve(cfg).config, tmp_path).timings == res.timings
     assert summary["final_accuracy"] == pytest.approx(lines[-1]["test_accuracy"])
     assert sum(summary["selection_counts"]) == 18
     config = json.loads((tmp_path / "config.json").read_text())
@@ -327,18 +333,17 @@ def test_a_round_without_training_leaves_the_model_unchanged(digits, server, kwa
 
     trace = np.ones((4, 12), bool)
     trace[2] = False
-    sim = Simulation(
+    spec = RoundSpec.create(
         digits,
         make_model("logreg", input_shape=digits.input_shape, num_classes=10),
         make_strategy("uniform", 4),
-        local=LocalConfig(batch_size=16, lr=0.1, local_steps=2),
+        local=LocalConfig(batch_size=16, local_steps=2),
         per_round=4,
-        num_rounds=4,
         availability=trace_replay(trace=trace),
         server_tx=server_optimizer(server, 0.5, **kwargs),
-        chunk_size=1,
     )
-    state, _ = sim.run_rounds(sim.init(0), 2)
+    sim = Simulation(spec, digits, num_rounds=4, chunk_size=1)
+    state, _ = sim.run_rounds(sim.init(0, hparams=HParams.of(0.1)), 2)
     before = state
     state, log = sim.run_rounds(state, 1)
     assert int(log.num_selected[0]) == 0

@@ -11,16 +11,14 @@ import numpy as np
 import pytest
 
 from fedjax_sel.base import ConfigError
-from fedjax_sel.cli import main
+from fedjax_sel.cli.main import main
 from fedjax_sel.experiment.outputs import read_metrics, strip_timings
-from fedjax_sel.reproduce import REPRODUCTIONS
-from fedjax_sel.reproduce import sp_cacw as repro
-from fedjax_sel.reproduce.common import (
-    VERDICTS,
-    Study,
-    not_recomputed,
-    per_seed_stats_in,
-)
+from fedjax_sel.experiment.per_seed import not_recomputed, per_seed_stats_in
+from fedjax_sel.experiment.reproductions import REPRODUCTIONS
+from fedjax_sel.experiment.resolve import resolve
+from fedjax_sel.experiment.study import Study
+from fedjax_sel.experiment.verdicts import VERDICTS
+from studies import sp_cacw as repro
 
 TINY_DATA = (("num_clusters", 2), ("transform", "permute"), ("examples_per_client", 30))
 FAST = (("pgd_steps", 20), ("power_iters", 3))
@@ -190,7 +188,7 @@ def test_configs_and_claims_follow_the_paper():
     for size in ("cpu", "paper"):
         for part, setting in repro.SCALES[size].items():
             for m in setting.methods:
-                cfg = repro.make_config(setting, m).resolve()
+                cfg = resolve(repro.make_config(setting, m)).config
                 assert cfg.mode == "personalized" and cfg.strategy == m and cfg.data_seed == 0
                 assert "solver" not in cfg.strategy_args
             assert setting.update_every is None, part  # one local epoch: the paper's period

@@ -16,11 +16,12 @@ import numpy as np
 import pytest
 
 from fedjax_sel.base import ConfigError
-from fedjax_sel.cli import main
+from fedjax_sel.cli.main import main
 from fedjax_sel.config import RunConfig
 from fedjax_sel.data import dataset_stackoverflow as so
 from fedjax_sel.data import load_dataset
 from fedjax_sel.experiment.build import build_simulation
+from fedjax_sel.experiment.resolve import resolve
 from fedjax_sel.experiment.run import run_experiment
 from fedjax_sel.models import make_model
 
@@ -283,7 +284,7 @@ def test_two_rounds_of_next_word_prediction(so_dir):
     wrong = dataclasses.replace(config, model="logreg", model_args={})
     with pytest.raises(ConfigError, match=r"model 'logreg' predicts one target per example.*"
                                           r"targets of shape \(5,\).*lstm_words"):  # fmt: skip
-        build_simulation(wrong, ds)
+        build_simulation(resolve(wrong), ds)
 
 
 def test_label_histograms_are_refused_for_sequence_targets_with_a_clear_error(so_dir):

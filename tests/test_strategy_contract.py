@@ -15,13 +15,15 @@ import jax
 import numpy as np
 import pytest
 
+from fedjax_sel import engine
 from fedjax_sel.availability import markov
 from fedjax_sel.data import load_dataset
-from fedjax_sel.engine.round import select_phase, streams_aggregate
+from fedjax_sel.engine import RoundSpec
+from fedjax_sel.engine.phases import select_phase, streams_aggregate
 from fedjax_sel.engine.simulation import Simulation
 from fedjax_sel.models import make_model
 from fedjax_sel.strategies import STRATEGIES, make_strategy
-from fedjax_sel.training import LocalConfig
+from fedjax_sel.training import HParams, LocalConfig, Parallel
 
 K = 12
 
@@ -67,17 +69,16 @@ CASES = [(name, {}) for name in sorted(STRATEGIES)] + VARIANTS
 def _simulation(name, dataset, args=None):
     per_round = K if name == "full" else 4
     model = make_model("logreg", input_shape=dataset.input_shape, num_classes=10)
-    return Simulation(
+    spec = RoundSpec.create(
         dataset,
         model,
         make_strategy(name, per_round, **(args or {})),
-        local=LocalConfig(batch_size=16, lr=0.1, local_steps=2),
+        local=LocalConfig(batch_size=16, local_steps=2),
         per_round=per_round,
-        num_rounds=5,
         availability=markov(pi=0.6, lam=0.3),
-        parallel="map",
-        chunk_size=1,
-    ), per_round
+        parallel=Parallel("map"),
+    )
+    return Simulation(spec, dataset, num_rounds=5, chunk_size=1), per_round
 
 
 @pytest.mark.parametrize(
@@ -85,16 +86,16 @@ def _simulation(name, dataset, args=None):
 )
 def test_strategy_contract(name, args, dataset):
     sim, per_round = _simulation(name, dataset, args)
-    assert streams_aggregate(sim.round_spec) == (not sim.strategy.reads_deltas)
-    state = sim.init(seed=0)
+    assert streams_aggregate(sim.spec) == (not sim.spec.strategy.reads_deltas)
+    state = sim.init(seed=0, hparams=HParams.of(0.1))
     structure = jax.tree.structure(state.strategy_state)
 
     def step(sim):
         # the round and, beside it, its selection phase on the same state: one compiled
         # program per case instead of two
         def fn(state, data):
-            _, selection, available = select_phase(sim.round_spec, state, data)
-            new_state, log = sim.round_fn(state, data)
+            _, selection, available = select_phase(sim.spec, state, data)
+            new_state, log = engine.round_fn(sim.spec, state, data)
             return new_state, log, selection, available
 
         return fn

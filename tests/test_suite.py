@@ -14,11 +14,14 @@ import pytest
 from scipy import stats
 
 from fedjax_sel.base import ConfigError
-from fedjax_sel.benchmark import leaderboard
+from fedjax_sel.benchmark import cells as cells_lib
+from fedjax_sel.benchmark import leaderboard, page
 from fedjax_sel.benchmark import suite as suite_lib
-from fedjax_sel.cli import main
+from fedjax_sel.cli.main import main
 from fedjax_sel.config import RunConfig
 from fedjax_sel.experiment.loop import chunk_length
+from fedjax_sel.experiment.records import Store
+from fedjax_sel.experiment.stats import holm
 
 TINY = {
     "suite": {"name": "tiny", "seeds": 3, "baseline": "uniform"},
@@ -192,7 +195,7 @@ def test_tiny_suite_targets_deadlines_and_tuning(tiny):
         assert json.loads((folder / "config.json").read_text())["config"]["lr"] == best
     assert doc["tuned_lr"]["synthetic"]["ideal/uniform"] == 0.1  # a one-point grid
     (run,) = doc["runs"]  # the invocation: its machine and wall time
-    assert run["cells_run"] == 3 * 10 + 3 + 3 * 2 and run["wall_seconds"] > 0 and run["cpu"]
+    assert run["cells_run"] == 3 * 10 + 3 + 3 * 2 and run["wall_seconds"] > 0 and run["cpu_model"]
     md = (res / "leaderboard.md").read_text()
     assert "not applicable: **full**: waits for every client" in md
     for name in ("heatmap.png", "heatmap_time_to_target.png", "ranking.png", "leaderboard.csv"):
@@ -246,8 +249,8 @@ def test_tiny_suite_resumes_from_records_and_reruns_only_what_is_missing(
     a = suite_lib.cell_config(suite, task, scenario, entry, seed=1, lr=0.1, deadline=None)
     b = suite_lib.cell_config(suite, task, scenario, entry, seed=1, lr=0.3, deadline=None)
     c = a.replace(data_path="/elsewhere")
-    assert suite_lib.cell_key(a) != suite_lib.cell_key(b)
-    assert suite_lib.cell_key(a) == suite_lib.cell_key(c)  # where the files live is no setting
+    assert cells_lib.cell_key(a) != cells_lib.cell_key(b)
+    assert cells_lib.cell_key(a) == cells_lib.cell_key(c)  # where the files live is no setting
 
 
 def test_records_carry_config_and_batch_and_a_rerun_gives_byte_identical_records(tiny, tmp_path):
@@ -266,7 +269,7 @@ def test_records_carry_config_and_batch_and_a_rerun_gives_byte_identical_records
     assert len(records) == 3 * 2 + 3 * 3 + 2 * 3  # tuning, ideal, devices (no full)
     for r in records:
         config = RunConfig.from_dict(r["config"])
-        assert suite_lib.cell_key(config) == r["key"]
+        assert cells_lib.cell_key(config) == r["key"]
         assert (config.seed, config.label, config.dataset) == (r["seed"], r["strategy"], "digits")
         batch = r["batch"]
         assert batch["chosen_by"] == "memory" and batch["size"] == len(batch["seeds"])
@@ -295,10 +298,10 @@ def test_holm_matches_the_written_out_procedure():
     rng = np.random.default_rng(3)
     for m in (1, 2, 7, 40):
         p = rng.uniform(0, 0.2, m).tolist()
-        assert leaderboard.holm(p) == pytest.approx(_holm_reference(p))
+        assert holm(p) == pytest.approx(_holm_reference(p))
     # ties and a value that caps at 1
-    assert leaderboard.holm([0.01, 0.01, 0.6]) == pytest.approx([0.03, 0.03, 0.6])
-    assert leaderboard.holm([0.5, 0.4]) == pytest.approx([0.8, 0.8])
+    assert holm([0.01, 0.01, 0.6]) == pytest.approx([0.03, 0.03, 0.6])
+    assert holm([0.5, 0.4]) == pytest.approx([0.8, 0.8])
 
 
 def test_ranking_recovers_a_planted_order(tmp_path):
@@ -313,7 +316,7 @@ def test_ranking_recovers_a_planted_order(tmp_path):
     rng = np.random.default_rng(0)
     quality = {"full": 0.9, "power_of_choice": 0.8, "uniform": 0.7}
     for task in suite.tasks:
-        store = suite_lib.Store(tmp_path / "per_seed" / f"{task.name}.json")
+        store = Store(tmp_path / "per_seed" / f"{task.name}.json")
         for scenario in suite.scenarios:
             for label, q in quality.items():
                 for seed in suite.seeds:
@@ -344,9 +347,9 @@ def test_ranking_recovers_a_planted_order(tmp_path):
     for r in ranking:
         assert r["ci_low"] <= r["mean_rank"] <= r["ci_high"]
     # a cell where one strategy lacks a seed is not ranked yet
-    store = suite_lib.Store(tmp_path / "per_seed" / "digits.json")
+    store = Store(tmp_path / "per_seed" / "digits.json")
     del store.records[
-        suite_lib.Store.id({"phase": "eval", "scenario": "ideal", "strategy": "uniform", "seed": 2})
+        Store.id({"phase": "eval", "scenario": "ideal", "strategy": "uniform", "seed": 2})
     ]
     store.save()
     partial = leaderboard.build(suite, tmp_path)
@@ -453,7 +456,7 @@ def test_committed_leaderboard_docs_and_readme_are_the_per_seed_records():
         )
     # the README's first screen links the benchmark with its headline ranking
     head = "\n".join((ROOT / "README.md").read_text().splitlines()[:40])
-    assert "docs/benchmark.md" in head and leaderboard.README_START in head
+    assert "docs/benchmark.md" in head and page.README_START in head
 
 
 @pytest.mark.parametrize(

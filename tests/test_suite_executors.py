@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from fedjax_sel.base import ConfigError
+from fedjax_sel.benchmark import cells as cells_lib
 from fedjax_sel.benchmark import suite as suite_lib
-from fedjax_sel.cli import main
+from fedjax_sel.cli.main import main
 from fedjax_sel.experiment.outdir import Lock
 from fedjax_sel.experiment.records import (
     INVOCATIONS,
@@ -99,9 +100,9 @@ def test_jobs_are_shared_deterministically_and_completely():
     suite = suite_lib.parse_suite(
         {**MINI, "strategies": [{"strategy": s} for s in ("uniform", "power_of_choice", "full")]}
     )
-    jobs = [(t.name, e.label) for t, e in suite_lib.jobs(suite, suite.tasks)]
+    jobs = [(t.name, e.label) for t, e in cells_lib.jobs(suite, suite.tasks)]
     shares = [
-        [(t.name, e.label) for t, e in shard_share(suite_lib.jobs(suite, suite.tasks), i, 2)]
+        [(t.name, e.label) for t, e in shard_share(cells_lib.jobs(suite, suite.tasks), i, 2)]
         for i in (1, 2)
     ]
     assert shares == [[jobs[0], jobs[2]], [jobs[1]]]
@@ -193,13 +194,13 @@ def test_job_units_count_the_cells_the_suite_plans(tmp_path):
     spec["tuning"] = {**MINI["tuning"], "scenario": "each"}
     suite = suite_lib.parse_suite(spec)
     by_name = {s.name: s for s in suite.scenarios}
-    for task, entry in suite_lib.jobs(suite, suite.tasks):
+    for task, entry in cells_lib.jobs(suite, suite.tasks):
         planned = []
-        for tune, scenarios in suite_lib.tuned_scenarios(suite, task, entry).items():
-            cells = suite_lib.tuning_cells(suite, task, by_name[tune], entry, tmp_path, None)
+        for tune, scenarios in cells_lib.tuned_scenarios(suite, task, entry).items():
+            cells = cells_lib.tuning_cells(suite, task, by_name[tune], entry, tmp_path, None)
             planned.append((tune, len(cells)))
             for s in scenarios:
-                evals = suite_lib.eval_cells(suite, task, s, entry, tmp_path, 0.1, None)
+                evals = cells_lib.eval_cells(suite, task, s, entry, tmp_path, 0.1, None)
                 planned.append((s.name, len(evals)))
-        units = [(s.name, n) for s, n in suite_lib.job_units(suite, task, entry)]
+        units = [(s.name, n) for s, n in cells_lib.job_units(suite, task, entry)]
         assert units == planned == [("ideal", 2), ("ideal", 2), ("flaky", 2), ("flaky", 2)]

@@ -14,7 +14,8 @@ import pytest
 
 from fedjax_sel.base import ConfigError
 from fedjax_sel.data import load_dataset
-from fedjax_sel.engine.round import select_phase, train_phase
+from fedjax_sel.engine import RoundSpec
+from fedjax_sel.engine.phases import select_phase, train_phase
 from fedjax_sel.engine.simulation import Simulation
 from fedjax_sel.engine.system import (
     SYSTEMS,
@@ -29,7 +30,7 @@ from fedjax_sel.engine.system import (
 )
 from fedjax_sel.models import make_model
 from fedjax_sel.strategies import make_strategy
-from fedjax_sel.training import LocalConfig
+from fedjax_sel.training import HParams, LocalConfig, Parallel
 
 
 def np_round(mask, compute, comm, steps, alive, keep_count, deadline):
@@ -134,24 +135,28 @@ def _sim(ds, strategy="uniform", **kw):
     model = make_model("logreg", input_shape=ds.input_shape, num_classes=10)
     per_round = kw.pop("per_round", 4)
     slots = overcommitted(per_round, kw.get("overcommit", 1.0), ds.num_clients)
-    return Simulation(ds, model, make_strategy(strategy, slots), per_round=per_round,
-                      local=LocalConfig(batch_size=8, lr=0.1, local_steps=6), num_rounds=10,
-                      chunk_size=5, **kw)  # fmt: skip
+    spec = RoundSpec.create(ds, model, make_strategy(strategy, slots), per_round=per_round,
+                            local=LocalConfig(batch_size=8, local_steps=6), **kw)  # fmt: skip
+    return Simulation(spec, ds, num_rounds=10, chunk_size=5)
+
+
+def _lr():
+    return HParams.of(0.1)
 
 
 def test_simulation_clock_follows_the_profiles(digits):
     """The engine's round: durations from the profile and each client's work, the slowest
     kept client sets the round, over-commitment keeps the first finishers, the clock sums."""
     sim = _sim(digits, system=lognormal(sigma=1.0), overcommit=1.5)
-    state = sim.init(0)
+    state = sim.init(0, hparams=_lr())
     ms, kbps = (
         np.asarray(state.system_state.ms_per_example),
         np.asarray(state.system_state.bandwidth_kbps),
     )
     counts = np.asarray(digits.train.counts)
-    full = 3 * 6 * np.minimum(counts, 8) * ms / 1000 + 2 * sim.kbit / kbps
+    full = 3 * 6 * np.minimum(counts, 8) * ms / 1000 + 2 * sim.spec.kbit / kbps
     state, logs = sim.run_rounds(state, 10)
-    assert sim.slots == 6 and np.all(logs.num_selected == 4)
+    assert sim.spec.slots == 6 and np.all(logs.num_selected == 4)
     for c, m, d in zip(logs.clients, logs.mask, logs.duration, strict=True):
         kept = c[m]
         assert float(d) == pytest.approx(full[kept].max(), rel=1e-5)
@@ -163,18 +168,18 @@ def test_stragglers_contribute_their_completed_steps(digits):
     prefix of its full work): training it with the step limit equals training it alone with
     k local steps."""
     sim = _sim(digits, system=lognormal(sigma=1.0), deadline=20.0)
-    state = sim.init(0)
-    state, selection, _ = jax.jit(functools.partial(select_phase, sim.round_spec))(state, sim.data)
+    state = sim.init(0, hparams=_lr())
+    state, selection, _ = jax.jit(functools.partial(select_phase, sim.spec))(state, sim.data)
     t = selection.timing
     limits = np.asarray(t.step_limit)[np.asarray(selection.mask)]
     assert np.any(limits < 6), "pick a deadline that cuts somebody"
-    result = train_phase(sim.round_spec, state, sim.data, selection)
+    result = train_phase(sim.spec, state, sim.data, selection)
     np.testing.assert_array_equal(np.asarray(result.num_steps)[np.asarray(selection.mask)], limits)
     k = int(limits.min())
     slot = int(np.flatnonzero(np.asarray(selection.mask))[np.argmin(limits)])
-    short = make_trainer_for(sim, k)(
+    short = make_trainer_for(sim, k).train(
         state.params, sim.data.train, selection.clients[slot : slot + 1], jnp.ones(1, bool),
-        jax.random.fold_in(jax.random.fold_in(state.key, state.round), 2),
+        jax.random.fold_in(jax.random.fold_in(state.key, state.round), 2), hparams=_lr(),
     )  # fmt: skip
     for a, b in zip(jax.tree.leaves(result.params), jax.tree.leaves(short.params), strict=True):
         np.testing.assert_allclose(a[slot], b[0], rtol=1e-5, atol=1e-6)
@@ -183,13 +188,13 @@ def test_stragglers_contribute_their_completed_steps(digits):
 def make_trainer_for(sim, steps):
     from fedjax_sel.training import make_trainer
 
-    local = sim.local._replace(local_steps=steps)
-    return make_trainer(sim.model, local, sim.n_max, parallel="vmap")
+    local = sim.spec.local._replace(local_steps=steps)
+    return make_trainer(sim.spec.model, local, sim.dataset.train.n_max, parallel=Parallel("vmap"))
 
 
 def test_dropouts_send_nothing_and_weights_are_renormalised(digits):
     sim = _sim(digits, dropout=0.4, strategy="uniform")
-    state, logs = sim.run_rounds(sim.init(0), 10)
+    state, logs = sim.run_rounds(sim.init(0, hparams=_lr()), 10)
     assert 0 < int(np.sum(logs.dropped)) < 40
     np.testing.assert_array_equal(logs.num_selected + logs.dropped, 4)
     for w, m in zip(logs.weights, logs.mask, strict=True):

@@ -13,7 +13,7 @@ import pytest
 from fedjax_sel.availability.fedscale_trace import convert_behaviour_trace
 from fedjax_sel.availability.trace import load_trace
 from fedjax_sel.base import ConfigError
-from fedjax_sel.cli import main
+from fedjax_sel.cli.main import main
 
 # FedScale's client_behave_trace shape (file order a, b, c); c has no finish_time
 TRACE = {

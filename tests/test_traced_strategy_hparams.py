@@ -19,7 +19,7 @@ from fedjax_sel.kernels import oort as ok
 from fedjax_sel.strategies import make_strategy
 from fedjax_sel.strategies.hyperparams import init_with_hyperparams
 from fedjax_sel.strategies.oort import TRACED as OORT_TRACED
-from fedjax_sel.strategies.registry import traced_hyperparams, traced_values
+from fedjax_sel.strategies.registry import traced_values
 
 K, T = 12, 5
 
@@ -168,10 +168,12 @@ def differs(x, y) -> bool:
 def test_switched_values_run_as_built(name, per_round, fixed, a, b, static):
     built_a = make_strategy(name, per_round, **fixed, **a)
     built_b = make_strategy(name, per_round, **fixed, **b)
-    # (1) what is traced
-    assert built_a.hyperparams == EXPECTED[name] == traced_hyperparams(name)
-    values_b = traced_values(name, {**fixed, **b})
-    assert set(values_b) == set(EXPECTED[name])
+    # (1) what is traced, in the order of inject_hyperparams' keywords, with the values built
+    assert tuple(dict(built_a.hyperparams)) == EXPECTED[name]
+    values_b = traced_values(name, per_round, {**fixed, **b})
+    assert values_b == dict(built_b.hyperparams)
+    assert tuple(values_b) == EXPECTED[name]
+    assert all(values_b[k] == float(v) for k, v in b.items())
 
     n, truth, xs = planted()
     spec = SimSpec(K, per_round, 20, n, {"w": jnp.zeros((3,))}, 10, None)
@@ -201,12 +203,13 @@ def test_oort_values_left_to_the_preset_are_the_presets():
     one out runs at its preset's value, not at another member's."""
     for preset in ("original", "fedscale"):
         want = {k: float(getattr(ok.PRESETS[preset], k)) for k in OORT_TRACED}
-        assert traced_values("oort", {"preset": preset}) == want
-    assert traced_values("oort", {"clip_bound": "0.5"})["clip_bound"] == 0.5  # CLI text
-    assert traced_values("oort", {"round_threshold": None})["round_threshold"] == 10.0
+        assert traced_values("oort", 4, {"preset": preset}) == want
+    assert traced_values("oort", 4, {"clip_bound": "0.5"})["clip_bound"] == 0.5  # CLI text
+    assert traced_values("oort", 4, {"round_threshold": None})["round_threshold"] == 10.0
     strategy = make_strategy("oort", 4, preset="fedscale", cut_off_util=0.3)
     state = strategy.init(jax.random.key(0), SimSpec(K, 4, 10, jnp.ones(K, jnp.int32), {}))
     assert float(state.hyperparams["cut_off_util"]) == np.float32(0.3)
     assert float(state.hyperparams["clip_bound"]) == np.float32(0.9)  # fedscale's
-    # the inner state's fields read through, count (a tuple method's name) included
-    assert state.count.shape == state.reward.shape == (K,)
+    # the traced values beside Oort's own state, nothing read through
+    assert type(state)._fields == ("hyperparams", "inner")
+    assert state.inner.count.shape == state.inner.reward.shape == (K,)

@@ -11,14 +11,13 @@ from fedjax_sel.base import ConfigError
 from fedjax_sel.data import from_client_arrays
 from fedjax_sel.models import make_model
 from fedjax_sel.training import (
+    HParams,
     LocalConfig,
-    check_parallel_spec,
+    Parallel,
     make_trainer,
-    parallel_spec,
     parse_parallel,
     server_optimizer,
     server_step,
-    split_conv,
     weighted_delta,
 )
 from fedjax_sel.training.local import epoch_positions, step_positions
@@ -71,9 +70,14 @@ def test_full_batch_local_steps_match_numpy(mode, opts):
     data = from_client_arrays(xs, ys, layout="padded")
     model = make_model("logreg", input_shape=(D,), num_classes=C)
     params = _params(model)
-    cfg = LocalConfig(batch_size=8, lr=0.3, local_steps=5, **opts)
-    train = jax.jit(make_trainer(model, cfg, data.n_max, parallel=mode), static_argnums=())
-    res = train(params, data, jnp.array([2, 0, 1]), jnp.ones(3, bool), jax.random.key(0))
+    mu = opts.get("prox_mu", 0.0)
+    static = {k: v for k, v in opts.items() if k != "prox_mu"}
+    cfg = LocalConfig(batch_size=8, local_steps=5, prox=mu > 0, **static)
+    train = jax.jit(make_trainer(model, cfg, data.n_max, parallel=parse_parallel(mode)).train)
+    hparams = HParams.of(0.3, prox_mu=mu)
+    res = train(
+        params, data, jnp.array([2, 0, 1]), jnp.ones(3, bool), jax.random.key(0), hparams=hparams
+    )
     w, b = np.asarray(params["Dense_0"]["kernel"]), np.asarray(params["Dense_0"]["bias"])
     for slot, c in enumerate([2, 0, 1]):
         rw, rb, _ = _np_logreg_gd(
@@ -104,16 +108,19 @@ def test_streamed_aggregation_is_the_weighted_sum_of_the_stacked_updates():
     data = from_client_arrays(xs, ys, layout="padded")
     model = make_model("logreg", input_shape=(D,), num_classes=C)
     params = _params(model)
-    cfg = LocalConfig(batch_size=4, lr=0.3, local_steps=4, momentum=0.9)
+    cfg = LocalConfig(batch_size=4, local_steps=4, momentum=0.9)
+    hparams = HParams.of(0.3)
     clients, active = jnp.array([2, 0, 3, 1]), jnp.array([True, True, False, True])
     weights = jnp.array([0.5, 0.2, 0.7, 0.3])
     limit = jnp.array([4, 2, 4, 3])
-    train = make_trainer(model, cfg, data.n_max, parallel="map", persistent_state=True)
-    assert train.streams
-    states = jax.tree.map(lambda a: jnp.stack([a] * 4), client_optimizer(cfg).init(params))
-    args = (params, data, clients, active, jax.random.key(2), states, False, limit)
-    stacked = train(*args)
-    streamed = train(*args, aggregate_weights=weights)
+    trainer = make_trainer(model, cfg, data.n_max, parallel=Parallel("map"), persistent_state=True)
+    assert trainer.streams
+    one = client_optimizer(cfg, hparams.lr).init(params)
+    states = jax.tree.map(lambda a: jnp.stack([a] * 4), one)
+    args = (params, data, clients, active, jax.random.key(2))
+    kwargs = dict(opt_states=states, step_limit=limit, hparams=hparams)
+    stacked = trainer.train(*args, **kwargs)
+    streamed = trainer.train(*args, **kwargs, aggregate_weights=weights)
     assert streamed.params is None
     w = np.where(np.asarray(active), np.asarray(weights), 0.0)
     sq = np.zeros(4)
@@ -132,10 +139,10 @@ def test_streamed_aggregation_is_the_weighted_sum_of_the_stacked_updates():
         jax.tree.leaves(streamed.opt_states), jax.tree.leaves(stacked.opt_states), strict=True
     ):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    vmapped = make_trainer(model, cfg, data.n_max, parallel="vmap")
+    vmapped = make_trainer(model, cfg, data.n_max, parallel=Parallel("vmap"))
     assert not vmapped.streams
     with pytest.raises(ValueError, match="map mode"):
-        vmapped(*args[:5], aggregate_weights=weights)
+        vmapped.train(*args, hparams=hparams, aggregate_weights=weights)
 
 
 def test_active_slots_loop_runs_only_active_slots_alone_or_vmapped():
@@ -170,9 +177,9 @@ def test_ridge_enters_the_gradient():
     data = from_client_arrays(xs, ys)
     model = make_model("logreg", input_shape=(D,), num_classes=C, ridge=0.2)
     params = _params(model)
-    cfg = LocalConfig(batch_size=8, lr=0.5, local_steps=3)
-    res = make_trainer(model, cfg, data.n_max, parallel="vmap")(
-        params, data, jnp.array([0]), jnp.ones(1, bool), jax.random.key(0)
+    cfg = LocalConfig(batch_size=8, local_steps=3)
+    res = make_trainer(model, cfg, data.n_max, parallel=Parallel("vmap")).train(
+        params, data, jnp.array([0]), jnp.ones(1, bool), jax.random.key(0), hparams=HParams.of(0.5)
     )
     rw, _, _ = _np_logreg_gd(
         np.asarray(params["Dense_0"]["kernel"]),
@@ -191,9 +198,14 @@ def test_epochs_with_batch_covering_the_client_are_full_batch_steps():
     data = from_client_arrays(xs, ys, layout="flat")
     model = make_model("logreg", input_shape=(D,), num_classes=C)
     params = _params(model)
-    cfg = LocalConfig(batch_size=16, lr=0.2, local_steps=None, local_epochs=3)
-    res = make_trainer(model, cfg, data.n_max, parallel="vmap")(
-        params, data, jnp.array([0, 1]), jnp.ones(2, bool), jax.random.key(3)
+    cfg = LocalConfig(batch_size=16, local_steps=None, local_epochs=3)
+    res = make_trainer(model, cfg, data.n_max, parallel=Parallel("vmap")).train(
+        params,
+        data,
+        jnp.array([0, 1]),
+        jnp.ones(2, bool),
+        jax.random.key(3),
+        hparams=HParams.of(0.2),
     )
     for c in range(2):
         rw, _, _ = _np_logreg_gd(
@@ -212,9 +224,14 @@ def test_epoch_step_counts_follow_client_sizes(mode):
     xs, ys = _clients([3, 10, 25])
     data = from_client_arrays(xs, ys, layout="flat")
     model = make_model("logreg", input_shape=(D,), num_classes=C)
-    cfg = LocalConfig(batch_size=4, lr=0.1, local_steps=None, local_epochs=2)
-    res = make_trainer(model, cfg, data.n_max, parallel=mode)(
-        _params(model), data, jnp.array([0, 1, 2]), jnp.ones(3, bool), jax.random.key(0)
+    cfg = LocalConfig(batch_size=4, local_steps=None, local_epochs=2)
+    res = make_trainer(model, cfg, data.n_max, parallel=Parallel(mode)).train(
+        _params(model),
+        data,
+        jnp.array([0, 1, 2]),
+        jnp.ones(3, bool),
+        jax.random.key(0),
+        hparams=HParams.of(0.1),
     )
     np.testing.assert_array_equal(res.num_steps, [2 * 1, 2 * 3, 2 * 7])
 
@@ -243,13 +260,15 @@ def test_results_do_not_depend_on_slot_position_or_mode():
     data = from_client_arrays(xs, ys)
     model = make_model("mlp", input_shape=(D,), num_classes=C, hidden=(8,))
     params = model.init(jax.random.key(0))
-    cfg = LocalConfig(batch_size=8, lr=0.1, local_steps=4)
-    key = jax.random.key(7)
+    cfg = LocalConfig(batch_size=8, local_steps=4)
+    key, hparams = jax.random.key(7), HParams.of(0.1)
     out = {}
     for mode in ("vmap", "map", "chunked:2"):
-        tr = jax.jit(make_trainer(model, cfg, data.n_max, parallel=mode))
-        out[mode, 0] = tr(params, data, jnp.array([0, 1, 2, 3]), jnp.ones(4, bool), key)
-        out[mode, 1] = tr(params, data, jnp.array([3, 2, 1, 0]), jnp.ones(4, bool), key)
+        tr = jax.jit(make_trainer(model, cfg, data.n_max, parallel=parse_parallel(mode)).train)
+        for order, clients in enumerate(([0, 1, 2, 3], [3, 2, 1, 0])):
+            out[mode, order] = tr(
+                params, data, jnp.array(clients), jnp.ones(4, bool), key, hparams=hparams
+            )
     ref = out["vmap", 0].params
     for (_mode, order), res in out.items():
         perm = [0, 1, 2, 3] if order == 0 else [3, 2, 1, 0]
@@ -263,8 +282,16 @@ def test_inactive_slots_return_start_params_and_zero_metrics():
     model = make_model("logreg", input_shape=(D,), num_classes=C)
     params = _params(model)
     for mode in ("vmap", "map"):
-        res = make_trainer(model, LocalConfig(lr=0.5, local_steps=2), data.n_max, parallel=mode)(
-            params, data, jnp.array([0, 1]), jnp.array([True, False]), jax.random.key(0)
+        trainer = make_trainer(
+            model, LocalConfig(local_steps=2), data.n_max, parallel=Parallel(mode)
+        )
+        res = trainer.train(
+            params,
+            data,
+            jnp.array([0, 1]),
+            jnp.array([True, False]),
+            jax.random.key(0),
+            hparams=HParams.of(0.5),
         )
         np.testing.assert_array_equal(
             res.params["Dense_0"]["kernel"][1], params["Dense_0"]["kernel"]
@@ -279,10 +306,16 @@ def test_per_slot_start_params():
     model = make_model("logreg", input_shape=(D,), num_classes=C)
     p0, p1 = _params(model, 1), _params(model, 5)
     stacked = jax.tree.map(lambda a, b: jnp.stack([a, b]), p0, p1)
-    cfg = LocalConfig(batch_size=8, lr=0.3, local_steps=2)
-    tr = make_trainer(model, cfg, data.n_max, parallel="vmap")
-    res = tr(
-        stacked, data, jnp.array([0, 1]), jnp.ones(2, bool), jax.random.key(0), per_slot_params=True
+    cfg = LocalConfig(batch_size=8, local_steps=2)
+    tr = make_trainer(model, cfg, data.n_max, parallel=Parallel("vmap"))
+    res = tr.train(
+        stacked,
+        data,
+        jnp.array([0, 1]),
+        jnp.ones(2, bool),
+        jax.random.key(0),
+        per_slot=True,
+        hparams=HParams.of(0.3),
     )
     for slot, p in enumerate([p0, p1]):
         rw, _, _ = _np_logreg_gd(
@@ -301,14 +334,16 @@ def test_persistent_client_momentum_carries_over():
     data = from_client_arrays(xs, ys)
     model = make_model("logreg", input_shape=(D,), num_classes=C)
     params = _params(model)
-    cfg = LocalConfig(batch_size=8, lr=0.2, local_steps=2, momentum=0.9)
-    tr = make_trainer(model, cfg, data.n_max, parallel="map", persistent_state=True)
+    cfg = LocalConfig(batch_size=8, local_steps=2, momentum=0.9)
+    hp = HParams.of(0.2)
+    tr = make_trainer(model, cfg, data.n_max, parallel=Parallel("map"), persistent_state=True)
     from fedjax_sel.training import client_optimizer
 
-    states = jax.tree.map(lambda a: a[None], client_optimizer(cfg).init(params))
-    r1 = tr(params, data, jnp.array([0]), jnp.ones(1, bool), jax.random.key(0), states)
+    states = jax.tree.map(lambda a: a[None], client_optimizer(cfg, hp.lr).init(params))
+    one = (jnp.array([0]), jnp.ones(1, bool))
+    r1 = tr.train(params, data, *one, jax.random.key(0), opt_states=states, hparams=hp)
     p1 = jax.tree.map(lambda a: a[0], r1.params)
-    r2 = tr(p1, data, jnp.array([0]), jnp.ones(1, bool), jax.random.key(1), r1.opt_states)
+    r2 = tr.train(p1, data, *one, jax.random.key(1), opt_states=r1.opt_states, hparams=hp)
     w, b = np.asarray(params["Dense_0"]["kernel"]), np.asarray(params["Dense_0"]["bias"])
     w1, b1, v = _np_logreg_gd(w, b, xs[0], ys[0], 2, 0.2, momentum=0.9)
     w2, _, _ = _np_logreg_gd(w1, b1, xs[0], ys[0], 2, 0.2, momentum=0.9, v=v)
@@ -340,8 +375,12 @@ def test_server_fedavg_and_momentum():
 def test_config_validation_messages():
     with pytest.raises(ConfigError, match="exactly one of local_steps and local_epochs"):
         LocalConfig(local_steps=5, local_epochs=2).validate()
-    with pytest.raises(ConfigError, match="learning rate"):
-        LocalConfig(lr=-1.0).validate()
+    with pytest.raises(ConfigError, match="learning rate must be a positive number, got -1.0"):
+        HParams.of(-1.0)
+    with pytest.raises(ConfigError, match="server learning rate"):
+        HParams.of(0.1, server_lr=float("nan"))
+    with pytest.raises(ConfigError, match="FedProx mu must be >= 0"):
+        HParams.of(0.1, prox_mu=-0.5)
     with pytest.raises(ConfigError, match="momentum"):
         LocalConfig(momentum=1.5).validate()
     with pytest.raises(ConfigError, match="chunked:C"):
@@ -350,6 +389,8 @@ def test_config_validation_messages():
         parse_parallel("chunked:0")
     with pytest.raises(ConfigError, match="server optimizer"):
         server_optimizer("lamb")
+    with pytest.raises(ConfigError, match="server learning rate must be a positive number"):
+        server_optimizer("sgd", 0.0)
 
 
 @pytest.mark.parametrize(
@@ -363,24 +404,40 @@ def test_config_validation_messages():
     ],
 )
 def test_parallel_specs_round_trip(spec, parts):
-    # the mode a run reports (Simulation.parallel_spec, bench throughput's "mode") is a spec
+    # the mode a run records (Trainer.parallel.text(), bench throughput's "mode") is a setting
     # --parallel / --mode accept as written
-    parallel, conv = split_conv(spec)
-    assert (*parse_parallel(parallel), conv) == parts
-    assert parallel_spec(*parts) == spec
-    check_parallel_spec(spec)
+    assert parse_parallel(spec) == parts
+    assert Parallel(*parts).text() == spec
 
 
 def test_bad_parallel_specs_name_the_value():
     with pytest.raises(ConfigError, match=r"'map,conv=xla'.*map:conv=xla"):
-        check_parallel_spec("map,conv=xla")
+        parse_parallel("map,conv=xla")
     with pytest.raises(ConfigError, match=r"conv must be one of .* got 'fft'"):
-        check_parallel_spec("map:conv=fft")
+        parse_parallel("map:conv=fft")
     with pytest.raises(ConfigError, match=r"unknown option\(s\) \['chunk'\]"):
-        check_parallel_spec("map:chunk=4")
+        parse_parallel("map:chunk=4")
     with pytest.raises(ConfigError, match="chunked:C"):
-        check_parallel_spec("pmap:conv=xla")
-    check_parallel_spec(" AUTO ")
+        parse_parallel("pmap:conv=xla")
+    with pytest.raises(ConfigError, match="takes no argument"):
+        parse_parallel("vmap:3")
+    assert parse_parallel(" AUTO ") == Parallel("auto", None, None)
+    assert parse_parallel("auto:conv=xla") == Parallel("auto", None, "xla")
+
+
+def test_trainer_records_the_parallelism_it_runs():
+    """``auto`` resolves by the backend's rule (on the CPU a model's ``cpu_parallel``), and
+    the recorded setting names the convolution the trainer runs."""
+    data = from_client_arrays(*_clients([4, 5]))
+    logreg = make_model("logreg", input_shape=(D,), num_classes=C)
+    trainer = make_trainer(logreg, LocalConfig(), data.n_max)
+    assert trainer.parallel == Parallel("vmap", None, None) and not trainer.streams
+    assert make_trainer(logreg, LocalConfig(), data.n_max, parallel=Parallel("map")).streams
+    cnn = make_model("cnn", input_shape=(8, 8, 1), num_classes=C)
+    chosen = make_trainer(cnn, LocalConfig(), data.n_max, parallel=parse_parallel("chunked:4"))
+    assert chosen.parallel == Parallel("chunked", 4, cnn.conv_impl)
+    xla = make_trainer(cnn, LocalConfig(), data.n_max, parallel=parse_parallel("map:conv=xla"))
+    assert xla.parallel.text() == "map:conv=xla"
 
 
 def _np_minibatch_sgd(w, b, x, y, batches, lr, momentum=0.0):
@@ -412,11 +469,11 @@ def test_minibatches_smaller_than_the_client_match_numpy(work):
     model = make_model("logreg", input_shape=(D,), num_classes=C)
     params = _params(model)
     kwargs = {"local_steps": 5} if work == "steps" else {"local_steps": None, "local_epochs": 2}
-    cfg = LocalConfig(batch_size=bsz, lr=0.2, momentum=0.5, **kwargs)
+    cfg = LocalConfig(batch_size=bsz, momentum=0.5, **kwargs)
     key = jax.random.key(9)
     clients = [2, 0, 1]
-    res = make_trainer(model, cfg, data.n_max, parallel="vmap")(
-        params, data, jnp.array(clients), jnp.ones(3, bool), key
+    res = make_trainer(model, cfg, data.n_max, parallel=Parallel("vmap")).train(
+        params, data, jnp.array(clients), jnp.ones(3, bool), key, hparams=HParams.of(0.2)
     )
     w, b = np.asarray(params["Dense_0"]["kernel"]), np.asarray(params["Dense_0"]["bias"])
     for slot, c in enumerate(clients):
@@ -445,6 +502,7 @@ def test_persistent_client_state_is_stored_and_restored_by_client_id():
     clients continue from their own stored momentum (by client id, whatever their slot), the
     others' states stay untouched, and the server applies the FedAvg average."""
     from fedjax_sel.data.datasets import FederatedDataset
+    from fedjax_sel.engine import RoundSpec
     from fedjax_sel.engine.simulation import Simulation
     from fedjax_sel.strategies import make_strategy
 
@@ -464,18 +522,12 @@ def test_persistent_client_state_is_stored_and_restored_by_client_id():
         {},
     )
     model = make_model("logreg", input_shape=(D,), num_classes=C)
-    cfg = LocalConfig(batch_size=8, lr=0.2, local_steps=2, momentum=0.9)  # full-batch steps
-    sim = Simulation(
-        ds,
-        model,
-        make_strategy("uniform", 2),
-        local=cfg,
-        per_round=2,
-        num_rounds=4,
-        persistent_client_state=True,
-        chunk_size=1,
+    cfg = LocalConfig(batch_size=8, local_steps=2, momentum=0.9)  # full-batch steps
+    spec = RoundSpec.create(
+        ds, model, make_strategy("uniform", 2), local=cfg, per_round=2, persistent_client_state=True
     )
-    state = sim.init(0, params=_params(model))
+    sim = Simulation(spec, ds, num_rounds=4, chunk_size=1)
+    state = sim.init(0, params=_params(model), hparams=HParams.of(0.2))
     w = np.asarray(state.params["Dense_0"]["kernel"], np.float64)
     b = np.asarray(state.params["Dense_0"]["bias"], np.float64)
     moms = {c: (np.zeros_like(w), np.zeros_like(b)) for c in range(4)}

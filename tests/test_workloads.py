@@ -15,7 +15,7 @@ from fedjax_sel.bench.workloads import (
     standin,
     workloads_main,
 )
-from fedjax_sel.cli import main
+from fedjax_sel.cli.main import main
 
 
 def test_standin_has_the_recipes_shapes_and_client_sizes():

@@ -21,16 +21,16 @@ RESULTS = "benchmarks/results/selection/cpu"
 
 def generated() -> dict[Path, str]:
     """Each generated file and its text, from the committed per-seed records."""
-    from fedjax_sel.benchmark import leaderboard
+    from fedjax_sel.benchmark import leaderboard, page, report
     from fedjax_sel.benchmark.suite import load_suite
 
     suite = load_suite(ROOT / SUITE_FILE)
     doc = leaderboard.build(suite, ROOT / RESULTS)
-    doc["runs"] = leaderboard.invocations(ROOT / RESULTS)
+    doc["runs"] = report.invocations(ROOT / RESULTS)
     readme = (ROOT / "README.md").read_text()
     return {
-        ROOT / "docs" / "benchmark.md": leaderboard.docs_page(doc, suite, SUITE_FILE, RESULTS),
-        ROOT / "README.md": leaderboard.replace_readme_block(readme, leaderboard.readme_block(doc)),
+        ROOT / "docs" / "benchmark.md": page.docs_page(doc, suite, SUITE_FILE, RESULTS),
+        ROOT / "README.md": page.replace_readme_block(readme, page.readme_block(doc)),
     }
 
 

@@ -23,10 +23,6 @@ from fedjax_sel.base import Array, AvailabilityModel, ConfigError, PRNGKey
 from fedjax_sel.registry import Registry
 
 
-class EmptyAvailabilityState(NamedTuple):
-    """State of a memoryless availability model."""
-
-
 def always() -> AvailabilityModel:
     """Every client is available every round."""
 

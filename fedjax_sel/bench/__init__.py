@@ -7,7 +7,7 @@ package whose name starts with ``kernels_`` is imported when the registry is rea
 adds its kernels in a module of its own.
 """
 
-from fedjax_sel.bench.common import machine_info, print_table, write_json_rows
+from fedjax_sel.bench.common import print_table, write_json_rows
 from fedjax_sel.bench.grid import grid_main
 from fedjax_sel.bench.kernels import KERNEL_BENCHMARKS, kernels_main, register_kernel
 from fedjax_sel.bench.sweep import sweep_main
@@ -16,7 +16,6 @@ from fedjax_sel.bench.throughput import throughput_main
 __all__ = [
     "KERNEL_BENCHMARKS",
     "kernels_main",
-    "machine_info",
     "print_table",
     "register_kernel",
     "grid_main",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -12,38 +11,6 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-
-
-def cpu_model(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
-    """The CPU's model name (``model name`` in Linux's ``/proc/cpuinfo``, else the platform's
-    processor string): two machines that are both ``x86_64`` can differ twofold in speed."""
-    try:
-        text = Path(cpuinfo).read_text()
-    except OSError:
-        text = ""
-    for line in text.splitlines():
-        key, sep, value = line.partition(":")
-        if sep and key.strip() in ("model name", "Model", "cpu model") and value.strip():
-            return value.strip()
-    return platform.processor() or platform.machine()
-
-
-def machine_info() -> dict:
-    """Backend, device kind and count, CPU model and count, versions: recorded with every
-    measurement."""
-    dev = jax.devices()
-    return {
-        "backend": jax.default_backend(),
-        "device_kind": dev[0].device_kind,
-        "num_devices": len(dev),
-        "cpu_count": os.cpu_count(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_model": cpu_model(),
-        "jax_version": jax.__version__,
-        "python": platform.python_version(),
-        # JAX_DEFAULT_MATMUL_PRECISION (bfloat16, tensorfloat32) changes an accelerator's speed
-        "matmul_precision": jax.config.jax_default_matmul_precision or "default",
-    }
 
 
 def time_call(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> dict:

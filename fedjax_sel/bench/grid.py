@@ -14,6 +14,7 @@ batch shape). JAX's caches are cleared before each side so neither reuses the ot
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -26,11 +27,13 @@ import jax
 import numpy as np
 
 from fedjax_sel.base import ConfigError
-from fedjax_sel.bench.common import machine_info, print_table, write_json_rows
+from fedjax_sel.bench.common import print_table, write_json_rows
 from fedjax_sel.bench.sweep import WORKLOADS
 from fedjax_sel.config import RunConfig
 from fedjax_sel.experiment import run as run_lib
 from fedjax_sel.experiment.build import build_simulation
+from fedjax_sel.experiment.execution import parse_seeds_together
+from fedjax_sel.experiment.provenance import machine_info
 from fedjax_sel.experiment.sweep import Cell, run_cells
 from fedjax_sel.training.autotune import cache_path
 
@@ -38,7 +41,8 @@ LEARNING_RATES = (0.01, 0.03, 0.1, 0.3)
 
 
 def grid_cells(model: str, rounds: int, seeds: int, out: Path) -> list[Cell]:
-    """The grid's cells: every learning rate x seed of ``model``'s workload."""
+    """The grid's cells: every learning rate x seed of ``model``'s workload (each resolved
+    once, as a :class:`Cell` is)."""
     if model not in WORKLOADS:
         raise ConfigError(f"bench grid: unknown workload {model!r}; known: {list(WORKLOADS)}")
     cells = []
@@ -51,7 +55,7 @@ def grid_cells(model: str, rounds: int, seeds: int, out: Path) -> list[Cell]:
                 local_steps=10,
                 lr=lr,
                 seed=seed,
-            ).resolve()
+            )
             cells.append(Cell(config, out / f"lr{lr}" / f"seed{seed}", model, f"lr={lr}"))
     return cells
 
@@ -148,7 +152,7 @@ def grid_main(
         with tempfile.TemporaryDirectory() as tmp, _own_batch_cache(Path(tmp) / "cache"):
             try:
                 cells = grid_cells(model, rounds, seeds, Path(tmp) / "together")
-                build_simulation(cells[0].config)  # --parallel auto measured (cached) here
+                build_simulation(cells[0].resolved)  # --parallel auto measured (cached) here
                 together = _side(cells, seeds_together, counter)
             except ConfigError as e:
                 print(f"  {model}: skipped ({e})")
@@ -240,3 +244,25 @@ def grid_main(
     )
     write_json_rows(out, rows)
     return rows
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``fedjax-sel bench grid``'s flags."""
+    p.add_argument("--model", action="append", help="workloads: logreg, mlp (default both)")
+    p.add_argument("--rounds", type=int, default=20, help="rounds of each run")
+    p.add_argument("--seeds", type=int, default=4, help="seeds of each learning rate")
+    p.add_argument(
+        "--seeds-together", default=None, help="members per vmapped batch (default auto)"
+    )
+    p.add_argument("--out", default=None, help="JSON output file")
+
+
+def main(a: argparse.Namespace) -> list[dict]:
+    """``fedjax-sel bench grid``: :func:`grid_main` with the flags."""
+    return grid_main(
+        models=a.model,
+        rounds=a.rounds,
+        seeds=a.seeds,
+        seeds_together=parse_seeds_together(a.seeds_together or "auto"),
+        out=a.out,
+    )

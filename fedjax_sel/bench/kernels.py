@@ -7,11 +7,13 @@ calls it once to compile, then reports the median of ``repeats`` calls as a row
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
 
 import jax
 
-from fedjax_sel.bench.common import machine_info, print_table, time_call, write_json_rows
+from fedjax_sel.bench.common import print_table, time_call, write_json_rows
+from fedjax_sel.experiment.provenance import machine_info
 from fedjax_sel.registry import Registry
 
 KERNEL_BENCHMARKS = Registry(
@@ -87,3 +89,16 @@ def kernels_main(
     )
     write_json_rows(out, [dict(r, device=info["device_kind"]) for r in rows])
     return rows
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``fedjax-sel bench kernels``'s flags."""
+    p.add_argument("--kernel", action="append", help="names (default all)")
+    p.add_argument("--clients", type=int, action="append", help="K values")
+    p.add_argument("--repeats", type=int, default=5, help="timed calls")
+    p.add_argument("--out", default=None, help="JSON output file")
+
+
+def main(a: argparse.Namespace) -> list[dict]:
+    """``fedjax-sel bench kernels``: :func:`kernels_main` with the flags."""
+    return kernels_main(kernels=a.kernel, clients=a.clients, repeats=a.repeats, out=a.out)

@@ -16,8 +16,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from fedjax_sel.bench.common import machine_info, print_table, time_call, write_json_rows
+from fedjax_sel.bench.common import print_table, time_call, write_json_rows
 from fedjax_sel.bench.kernels import register_kernel
+from fedjax_sel.experiment.provenance import machine_info
 from fedjax_sel.kernels.double_greedy import brute_force_filter, filter_dgf, filter_rgf
 from fedjax_sel.models import Model, make_model
 from fedjax_sel.training.evaluate import evaluate_central

@@ -49,7 +49,8 @@ def _random_round(state, k: int):
 def _hetero_select(k: int):
     per_round = min(100, k // 2)
     strategy = make_strategy("hetero_select", per_round)
-    state = _random_round(strategy.init(jax.random.key(0), _spec(k, per_round)), k)
+    state = strategy.init(jax.random.key(0), _spec(k, per_round))
+    state = state._replace(inner=_random_round(state.inner, k))
     losses = jax.random.uniform(jax.random.key(2), (k,), minval=0.4, maxval=2.0)
     available = jax.random.bernoulli(jax.random.key(3), 0.8, (k,))
 
@@ -78,11 +79,12 @@ def _oort(k: int):
     state = strategy.init(jax.random.key(0), _spec(k, per_round))
     keys = jax.random.split(jax.random.key(1), 3)
     explored = jax.random.bernoulli(keys[0], 0.5, (k,))
-    state = state._replace(
-        reward=jnp.where(explored, jax.random.exponential(keys[1], (k,)) * 100, state.reward),
+    inner = state.inner._replace(
+        reward=jnp.where(explored, jax.random.exponential(keys[1], (k,)) * 100, state.inner.reward),
         count=explored.astype(jnp.int32),
         time_stamp=jnp.where(explored, jax.random.randint(keys[2], (k,), 1, 40), 0),
     )
+    state = state._replace(inner=inner)
     available = jax.random.bernoulli(jax.random.key(3), 0.8, (k,))
     # the system model's simulated seconds per client (log-normal, median 60 s)
     durations = 60.0 * jnp.exp(jax.random.normal(jax.random.key(5), (k,)))

@@ -24,6 +24,7 @@ The selection kernels alone at larger K: ``fedjax-sel bench kernels --clients 10
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import resource
@@ -33,7 +34,8 @@ import time
 from typing import Any
 
 from fedjax_sel.base import ConfigError
-from fedjax_sel.bench.common import machine_info, print_table, write_json_rows
+from fedjax_sel.bench.common import print_table, write_json_rows
+from fedjax_sel.experiment.provenance import machine_info
 
 # row label -> (strategy args, availability); a label ``NAME:OPTION`` runs strategy NAME.
 # Every registered strategy has a row; the large-K approximations are named in the args:
@@ -148,10 +150,11 @@ def measure_one(
 
     from fedjax_sel.availability import from_spec as availability_from_spec
     from fedjax_sel.data import load_dataset
+    from fedjax_sel.engine import RoundSpec
     from fedjax_sel.engine.simulation import Simulation
     from fedjax_sel.models import make_model
     from fedjax_sel.strategies import make_strategy
-    from fedjax_sel.training import LocalConfig
+    from fedjax_sel.training import HParams, LocalConfig, Parallel
 
     _, availability = SCALE_STRATEGIES[strategy]
     name = strategy.partition(":")[0]
@@ -166,18 +169,17 @@ def measure_one(
         personal_scale=PERSONAL_SCALE,
     )
     data_seconds = time.perf_counter() - t0
-    sim = Simulation(
+    spec = RoundSpec.create(
         ds,
         make_model("logreg", input_shape=ds.input_shape, num_classes=ds.num_classes),
         make_strategy(name, per_round, **args),
-        local=LocalConfig(batch_size=batch_size, lr=0.05, local_steps=local_steps),
+        local=LocalConfig(batch_size=batch_size, local_steps=local_steps),
         per_round=per_round,
-        num_rounds=max(accuracy_rounds, 2 * rounds + 2),
         availability=availability_from_spec(availability),
-        chunk_size=1,
-        parallel="vmap",
+        parallel=Parallel("vmap"),
     )
-    state = sim.init(0)
+    sim = Simulation(spec, ds, num_rounds=max(accuracy_rounds, 2 * rounds + 2), chunk_size=1)
+    state = sim.init(0, hparams=HParams.of(0.05))
     t0 = time.perf_counter()
     state, _ = jax.block_until_ready(sim.run_rounds(state, 1, donate=True))
     compile_seconds = time.perf_counter() - t0
@@ -189,7 +191,7 @@ def measure_one(
     # phases, each compiled on its own (a warm-up call first)
     state, _, _ = sim.run_rounds_profiled(state, 1, donate=True)
     state, _, phases = sim.run_rounds_profiled(state, rounds, donate=True)
-    step = jax.jit(sim.availability.step)
+    step = jax.jit(sim.spec.availability.step)
     key = jax.random.key(1)
     jax.block_until_ready(step(state.availability_state, key))
     t0 = time.perf_counter()
@@ -303,6 +305,35 @@ def scale_main(
     print_table([r for r in rows if "error" not in r], COLUMNS)
     write_json_rows(out, {"machine": info, "rows": rows})
     return rows
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``fedjax-sel bench scale``'s flags."""
+    p.add_argument(
+        "--strategy", action="append", help="strategies (default: the million-client set)"
+    )
+    p.add_argument("--clients", type=int, action="append", help="K values")
+    p.add_argument(
+        "--per-round", type=int, action="append", help="clients per round (default 1000)"
+    )
+    p.add_argument("--max-examples", type=int, default=20, help="examples per client at most")
+    p.add_argument("--repeats", type=int, default=5, help="timed rounds")
+    p.add_argument("--out", default=None, help="JSON output file")
+
+
+def main(a: argparse.Namespace) -> list[dict]:
+    """``fedjax-sel bench scale``: :func:`scale_main` with the flags."""
+    per_round = a.per_round or [1000]
+    if len(per_round) != 1:
+        raise ConfigError("bench scale takes one --per-round (capped at K / 10 per row)")
+    return scale_main(
+        strategies=a.strategy,
+        clients=a.clients,
+        per_round=per_round[0],
+        rounds=a.repeats,
+        max_examples=a.max_examples,
+        out=a.out,
+    )
 
 
 if __name__ == "__main__":  # the child: one row as the last line of stdout

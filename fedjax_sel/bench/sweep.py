@@ -10,14 +10,18 @@ MLP on MNIST (P = 10; needs ``mnist.npz`` under ``$FEDJAX_SEL_DATA_DIR`` or tens
 
 from __future__ import annotations
 
+import argparse
 import time
 
 import jax
 
 from fedjax_sel.base import ConfigError
-from fedjax_sel.bench.common import machine_info, print_table, write_json_rows
+from fedjax_sel.bench.common import print_table, write_json_rows
 from fedjax_sel.config import RunConfig
 from fedjax_sel.experiment.build import build_simulation, load_data_for
+from fedjax_sel.experiment.provenance import machine_info
+from fedjax_sel.experiment.resolve import Resolved, resolve
+from fedjax_sel.training.hparams import HParams
 
 WORKLOADS = {
     "logreg": dict(dataset="leaf_synthetic", num_clients=1000, per_round=100, batch_size=32),
@@ -27,29 +31,33 @@ WORKLOADS = {
 }
 
 
-def workload_config(model: str, rounds: int) -> RunConfig:
+def workload_config(model: str, rounds: int) -> Resolved:
+    """``model``'s workload, resolved (once: the timing reads what it parsed)."""
     if model not in WORKLOADS:
         raise ConfigError(f"bench sweep: unknown workload {model!r}; known: {list(WORKLOADS)}")
-    return RunConfig(
-        **WORKLOADS[model],
-        rounds=rounds,
-        eval_every=rounds,
-        local_steps=10,
-        lr=0.05,
-        data_seed=0,
-        seed=0,
-    ).resolve()
+    return resolve(
+        RunConfig(
+            **WORKLOADS[model],
+            rounds=rounds,
+            eval_every=rounds,
+            local_steps=10,
+            lr=0.05,
+            data_seed=0,
+            seed=0,
+        )
+    )
 
 
-def time_sweep(config: RunConfig, seeds: int, repeats: int) -> dict:
+def time_sweep(resolved: Resolved, seeds: int, repeats: int) -> dict:
     """Seconds per seed-round of ``seeds`` seeds together and separately (best of
     ``repeats``, compilation excluded)."""
-    dataset = load_data_for(config)
-    sim = build_simulation(config, dataset)
-    rounds = config.rounds
+    dataset = load_data_for(resolved.config)
+    sim = build_simulation(resolved, dataset)
+    rounds = resolved.config.rounds
     seed_list = list(range(seeds))
-    states = sim.init_batch(seed_list)
-    singles = [sim.init(s) for s in seed_list]
+    hparams = HParams.from_config(resolved.config)
+    states = sim.init_batch(seed_list, hparams=hparams)
+    singles = [sim.init(s, hparams=hparams) for s in seed_list]
 
     def together():
         out, _ = sim.run_rounds_batch(states, None, rounds)
@@ -78,7 +86,7 @@ def time_sweep(config: RunConfig, seeds: int, repeats: int) -> dict:
         "separate_s_per_seed_round": best_s / (seeds * rounds),
         "speedup": best_s / best_t,
         "together_first_call_s": compile_together,
-        "client_parallelism": list(sim.parallel),
+        "client_parallelism": list(sim.spec.trainer.parallel[:2]),  # mode, chunk
     }
 
 
@@ -94,10 +102,11 @@ def sweep_main(
     rows = []
     info = machine_info()
     for model in models or list(WORKLOADS):
-        config = workload_config(model, rounds)
+        resolved = workload_config(model, rounds)
+        config = resolved.config
         for s in seeds or [1, 4, 16]:
             try:
-                row = time_sweep(config, int(s), repeats)
+                row = time_sweep(resolved, int(s), repeats)
             except ConfigError as e:
                 print(f"  {model}: skipped ({e})")
                 break
@@ -137,3 +146,19 @@ def sweep_main(
     )
     write_json_rows(out, rows)
     return rows
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``fedjax-sel bench sweep``'s flags."""
+    p.add_argument("--model", action="append", help="workloads: logreg, mlp (default both)")
+    p.add_argument("--seeds", type=int, action="append", help="seeds together (1 4 16)")
+    p.add_argument("--rounds", type=int, default=20, help="rounds of each run")
+    p.add_argument("--repeats", type=int, default=5, help="timed calls")
+    p.add_argument("--out", default=None, help="JSON output file")
+
+
+def main(a: argparse.Namespace) -> list[dict]:
+    """``fedjax-sel bench sweep``: :func:`sweep_main` with the flags."""
+    return sweep_main(
+        models=a.model, seeds=a.seeds or None, rounds=a.rounds, repeats=a.repeats, out=a.out
+    )

@@ -29,6 +29,8 @@ in every turn.
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import importlib.util
 import statistics
 import sys
@@ -43,7 +45,6 @@ import optax
 from fedjax_sel.base import ConfigError
 from fedjax_sel.bench.common import (
     interleaved_times,
-    machine_info,
     matmul_gflops,
     print_table,
     time_call,
@@ -53,16 +54,20 @@ from fedjax_sel.data.client_data import from_client_arrays
 from fedjax_sel.data.datasets import FederatedDataset
 from fedjax_sel.engine.fedbuff import from_spec as async_from_spec
 from fedjax_sel.engine.simulation import Simulation, default_mesh
+from fedjax_sel.engine.spec import RoundSpec
 from fedjax_sel.engine.system import from_spec as system_from_spec
+from fedjax_sel.experiment.provenance import machine_info
 from fedjax_sel.models import Model, from_linen, make_model, masked_mean
 from fedjax_sel.models.base import with_conv_impl
 from fedjax_sel.models.flops import train_step_flops
+from fedjax_sel.registry import convert
 from fedjax_sel.strategies import make_strategy
 from fedjax_sel.training.autotune import resolve_parallel
+from fedjax_sel.training.hparams import HParams
 from fedjax_sel.training.local import (
     LocalConfig,
-    check_parallel_spec,
     executed_steps,
+    parse_parallel,
 )
 
 # model -> (input shape, classes, token inputs, default clients per round)
@@ -73,6 +78,7 @@ MODEL_SPECS = {
     "lstm": ((80,), 80, True, 10),
 }
 ALL_MODES = ("vmap", "map", "chunked:4", "chunked:16")
+LR = 0.01  # the client learning rate of the loops and the engine alike
 WORKS = ("steps", "epochs")
 
 
@@ -129,26 +135,26 @@ def dataset_of(name: str, shape, classes, xs, ys, scale) -> FederatedDataset:
     )
 
 
-def _engine(model, ds, per_round, mode, local, rounds, system=None, asynchronous=None):
+def _engine(model, ds, per_round, parallel, local, rounds, system=None, asynchronous=None):
     """The engine's round as a call (``auto`` resolved now, by measurement) and its
     simulation; each call runs one round from the state the last one left."""
     strategy = "full" if asynchronous is None else "uniform"  # asynchronous needs a picker
-    mode, choice = resolve_parallel(mode, model, local, ds.train, per_round)
-    sim = Simulation(
+    parallel, choice = resolve_parallel(parallel, model, local, ds.train, per_round)
+    spec = RoundSpec.create(
         ds,
         model,
         make_strategy(strategy, per_round),
         local=local,
         per_round=per_round,
-        num_rounds=rounds,
-        parallel=mode,
-        parallel_choice=choice,
-        chunk_size=1,
+        parallel=parallel,
         mesh=default_mesh(),
         system=None if system is None else system_from_spec(system),
         asynchronous=asynchronous,
     )
-    state = [sim.init(0)]
+    sim = Simulation(
+        spec, ds, num_rounds=rounds, chunk_size=1, mesh=default_mesh(), parallel_choice=choice
+    )
+    state = [sim.init(0, hparams=HParams.of(LR))]
 
     def one_round():
         s, _ = sim.run_chunk(state[0])
@@ -158,9 +164,9 @@ def _engine(model, ds, per_round, mode, local, rounds, system=None, asynchronous
     return one_round, sim
 
 
-def _engine_seconds(model, ds, per_round, mode, local, repeats, **kw) -> float:
+def _engine_seconds(model, ds, per_round, parallel, local, repeats, **kw) -> float:
     """Median seconds of the engine's round alone (the system-model and FedBuff variants)."""
-    one_round, _ = _engine(model, ds, per_round, mode, local, repeats + 2, **kw)
+    one_round, _ = _engine(model, ds, per_round, parallel, local, repeats + 2, **kw)
     return time_call(one_round, repeats=repeats)["seconds"]
 
 
@@ -176,8 +182,8 @@ def scan_loop_model(model: Model) -> Model:
     return with_conv_impl(model, "xla_nhwc") if model.conv_impl else model
 
 
-def _loop_pieces(model, local):
-    tx = optax.sgd(local.lr)
+def _loop_pieces(model):
+    tx = optax.sgd(LR)
 
     def loss_fn(p, xb, yb, mask):
         return masked_mean(model.loss(model.apply(p, xb), yb), mask)
@@ -209,7 +215,7 @@ def _loop_step(model, data, sizes, local, work, params):
     """Python loop over clients and minibatches, one jitted SGD step (FedJAX's jit backend;
     a client's last partial batch is padded and masked, so the step never recompiles)."""
     xs, ys, scale = data
-    tx, step = _loop_pieces(model, local)
+    tx, step = _loop_pieces(model)
 
     @jax.jit
     def jstep(p, s, xk, yk, idx, n):
@@ -241,7 +247,7 @@ def _loop_step(model, data, sizes, local, work, params):
 def _loop_client(model, data, sizes, local, params):
     """Python loop over clients, one jitted per-client trainer (scan over the local steps)."""
     xs, ys, scale = data
-    tx, step = _loop_pieces(model, local)
+    tx, step = _loop_pieces(model)
     bsz, steps = local.batch_size, local.local_steps
 
     @jax.jit
@@ -279,26 +285,39 @@ def faster_loop(times: dict[str, dict], loops: list[str]) -> str:
     return min(loops, key=lambda k: times[k]["seconds"])
 
 
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """How every timed round is set up, beside its model and P (the flags of
+    ``fedjax-sel bench throughput``, by the same names)."""
+
+    work: str = "steps"
+    local_steps: int = 10
+    batch_size: int | None = None
+    repeats: int = 3
+    model_def: str | None = None
+    input_shape: tuple[int, ...] | None = None
+    classes: int | None = None
+    trace: str | None = None
+    system: str | None = None
+    asynchronous: str | None = None
+
+
 def measure(
-    model_name: str,
+    model_name: str | None,
     per_round: int | None = None,
     modes: list[str] | None = None,
+    settings: Settings | None = None,
     *,
-    work: str = "steps",
-    local_steps: int = 10,
-    batch_size: int | None = None,
-    repeats: int = 3,
     peak: float | None = None,
-    model_def: str | None = None,
-    input_shape: tuple[int, ...] | None = None,
-    classes: int | None = None,
-    trace: str | None = None,
-    system: str | None = None,
-    asynchronous: str | None = None,
 ) -> list[dict]:
     """Times the engine (each mode in ``modes``) and the loop for one model and P; with
-    ``system``, also the engine's round with that system model (its overhead), and with
-    ``asynchronous`` (a FedBuff spec, concurrency P) FedBuff's client updates per second."""
+    ``settings.system``, also the engine's round with that system model (its overhead), and
+    with ``settings.asynchronous`` (a FedBuff spec, concurrency P) FedBuff's client updates
+    per second."""
+    s = settings or Settings()
+    work, local_steps, batch_size, repeats = s.work, s.local_steps, s.batch_size, s.repeats
+    model_def, input_shape, classes = s.model_def, s.input_shape, s.classes
+    trace, system, asynchronous = s.trace, s.system, s.asynchronous
     if work not in WORKS:
         raise ConfigError(f"--work must be one of {WORKS}, got {work!r}")
     if model_def is not None:
@@ -319,10 +338,10 @@ def measure(
     xs, ys, scale = random_clients(shape, classes, tokens, sizes)
     ds = dataset_of(model_name, shape, classes, xs, ys, scale)
     if work == "steps":
-        local = LocalConfig(batch_size=bsz, lr=0.01, local_steps=local_steps)
+        local = LocalConfig(batch_size=bsz, local_steps=local_steps)
         steps = np.full(p, local_steps)
     else:
-        local = LocalConfig(batch_size=bsz, lr=0.01, local_steps=None, local_epochs=1)
+        local = LocalConfig(batch_size=bsz, local_steps=None, local_epochs=1)
         steps = -(-sizes // bsz)
     params = model.init(jax.random.key(0))
     xb = jnp.zeros((bsz,) + tuple(shape), jnp.int32 if tokens else jnp.float32)
@@ -339,7 +358,7 @@ def measure(
     loops = list(calls)
     engines = []
     for i, mode in enumerate(modes or ["auto"]):
-        one_round, sim = _engine(model, ds, p, mode, local, 2 * repeats + 4)
+        one_round, sim = _engine(model, ds, p, parse_parallel(mode), local, 2 * repeats + 4)
         calls[f"engine {i}"] = one_round
         engines.append((f"engine {i}", sim))
     # loop and engine rounds timed in turn, so a drifting machine slows both alike
@@ -354,13 +373,13 @@ def measure(
                 for _ in range(3):
                     jax.block_until_ready(calls[name]())
         ratios = [lt / et for lt, et in zip(loop_rounds, t["times"], strict=True)]
-        mode = sim.parallel_spec
+        parallel = sim.spec.trainer.parallel  # the mode it ran: the variants below run it too
         choice = None if sim.parallel_choice is None else sim.parallel_choice.to_dict()
         eng_ups, loop_ups = p / t["seconds"], p / loop_s
         timed = {}
         if system is not None or asynchronous is not None:
             spec = system or "lognormal"
-            sys_s = _engine_seconds(model, ds, p, mode, local, repeats, system=spec)
+            sys_s = _engine_seconds(model, ds, p, parallel, local, repeats, system=spec)
             timed.update(
                 system=spec,
                 system_round_seconds=sys_s,
@@ -368,20 +387,22 @@ def measure(
             )
         if asynchronous is not None:
             fb = async_from_spec(asynchronous, p)
-            fb_s = _engine_seconds(model, ds, p, mode, local, repeats, system=spec, asynchronous=fb)
+            fb_s = _engine_seconds(
+                model, ds, p, parallel, local, repeats, system=spec, asynchronous=fb
+            )
             timed.update(
                 asynchronous=f"fedbuff:concurrency={fb.concurrency},buffer={fb.buffer}",
                 fedbuff_step_seconds=fb_s,
                 fedbuff_client_updates_per_s=fb.buffer / fb_s,
                 sync_system_client_updates_per_s=p / sys_s,
             )
-        executed = executed_steps(steps, *sim.parallel)
+        executed = executed_steps(steps, parallel.mode, parallel.chunk)
         rows.append(
             {
                 "model": model_name,
                 "work": work,
                 "per_round": p,
-                "mode": mode,
+                "mode": parallel.text(),
                 "parallel_choice": choice,
                 "local_steps": local_steps if work == "steps" else None,
                 "local_epochs": 1 if work == "epochs" else None,
@@ -447,18 +468,9 @@ def throughput_main(
     models: list[str],
     per_rounds: list[int | None],
     modes: list[str] | None = None,
+    settings: Settings | None = None,
     *,
-    work: str = "steps",
-    local_steps: int = 10,
-    batch_size: int | None = None,
-    repeats: int = 3,
     out: str | None = None,
-    model_def: str | None = None,
-    input_shape: tuple[int, ...] | None = None,
-    classes: int | None = None,
-    trace: str | None = None,
-    system: str | None = None,
-    asynchronous: str | None = None,
 ) -> list[dict]:
     """Runs :func:`measure` over models x P, prints the table, writes JSON to ``out``.
 
@@ -468,41 +480,88 @@ def throughput_main(
     if modes and "all" in modes:
         modes = ["auto", *ALL_MODES]
     for mode in modes or []:  # a typo fails now, not after minutes of timing the loop
-        check_parallel_spec(mode)
+        parse_parallel(mode)
     t0 = time.perf_counter()
     peak = matmul_gflops()
+    settings = settings or Settings()
     rows = []
-    for m in [None] if model_def else models:
+    for m in [None] if settings.model_def else models:
         for p in per_rounds:
-            rows.extend(
-                measure(
-                    m,
-                    p,
-                    modes,
-                    work=work,
-                    local_steps=local_steps,
-                    batch_size=batch_size,
-                    repeats=repeats,
-                    peak=peak,
-                    model_def=model_def,
-                    input_shape=input_shape,
-                    classes=classes,
-                    trace=trace,
-                    system=system,
-                    asynchronous=asynchronous,
-                )
-            )
+            rows.extend(measure(m, p, modes, settings, peak=peak))
     info = machine_info()
     print(
         f"device: {info['device_kind']} ({info['backend']}, {info['cpu_count']} CPUs), "
-        f"jax {info['jax_version']}; work: {work}"
+        f"jax {info['jax_version']}; work: {settings.work}"
     )
     print_table(rows, COLUMNS)
     if any("system_overhead" in r for r in rows):
         print_table(rows, TIMED_COLUMNS)
     print(f"({time.perf_counter() - t0:.0f} s)")
-    if trace:
-        print(f"profiler trace of 3 engine rounds under {trace}/ (open in Perfetto/TensorBoard)")
+    if settings.trace:
+        print(
+            f"profiler trace of 3 engine rounds under {settings.trace}/ (open in "
+            "Perfetto/TensorBoard)"
+        )
     payload = {**rows[0], "machine": info, "rows": rows} if rows else {"machine": info, "rows": []}
     write_json_rows(out, payload)
     return rows
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``fedjax-sel bench throughput``'s flags: the :class:`Settings` fields by their names,
+    the models, P values, modes and the output file."""
+    p.add_argument("--model", action="append", help="logreg, mlp, cnn, lstm (default logreg)")
+    p.add_argument("--per-round", type=int, action="append", help="clients per round")
+    p.add_argument(
+        "--mode",
+        action="append",
+        help="engine modes to time (auto, vmap, map, chunked:C); default auto",
+    )
+    p.add_argument(
+        "--work",
+        choices=WORKS,
+        default="steps",
+        help="fixed local steps, or one local epoch over LogNormal-sized clients",
+    )
+    p.add_argument("--local-steps", type=int, default=10)
+    p.add_argument("--batch-size", type=int, default=None, help="default 32 (steps) or 10 (epochs)")
+    p.add_argument(
+        "--model-def", default=None, metavar="FILE.py:NAME", help="a flax module of yours"
+    )
+    p.add_argument("--input-shape", default=None, help="with --model-def, e.g. 28,28,1")
+    p.add_argument("--classes", type=int, default=None, help="with --model-def")
+    p.add_argument("--trace", default=None, metavar="DIR", help="a jax.profiler trace here")
+    p.add_argument(
+        "--system",
+        default=None,
+        metavar="SPEC",
+        help="also time the round with this system model (its overhead)",
+    )
+    p.add_argument(
+        "--async",
+        dest="asynchronous",
+        default=None,
+        metavar="SPEC",
+        help="also FedBuff's client updates/s at concurrency P (fedbuff:buffer=B)",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=5,
+        help="turns of one loop round and one round of each mode, the speedup being the "
+        "median of the turns' ratios",
+    )
+    p.add_argument("--out", default=None, help="JSON output file")
+
+
+def main(a: argparse.Namespace) -> list[dict]:
+    """``fedjax-sel bench throughput``: :func:`throughput_main` with the flags."""
+    flags = {f.name: getattr(a, f.name) for f in dataclasses.fields(Settings)}
+    if a.input_shape is not None:
+        flags["input_shape"] = convert(
+            a.input_shape.replace(",", "-"), tuple[int, ...], what="--input-shape", key="shape"
+        )
+    settings = Settings(**flags)
+    return throughput_main(
+        a.model or ["logreg"], a.per_round or [None], a.mode, settings, out=a.out
+    )

@@ -11,6 +11,7 @@ chunk. ``fedjax-sel bench phases DIR`` prints the table and writes the picture.
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import json
 import re
@@ -87,3 +88,23 @@ def plot_phases(trace_dir: str | Path, path: str | Path) -> Path:
     path = Path(path)
     fig.savefig(path, dpi=110)
     return path
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``fedjax-sel bench phases``' flags."""
+    p.add_argument("--trace", default=None, metavar="DIR", help="a trace written by run --trace")
+    p.add_argument("--out", default=None, help="the picture of the split (PNG)")
+
+
+def main(a: argparse.Namespace) -> list[dict]:
+    """``fedjax-sel bench phases``: prints the seconds per phase of a trace, largest first,
+    and draws them to ``--out``."""
+    if a.trace is None:
+        raise ConfigError("bench phases needs --trace DIR (a trace written by run --trace)")
+    seconds = phase_seconds(a.trace)
+    total = sum(seconds.values())
+    for name, s in sorted(seconds.items(), key=lambda kv: -kv[1]):
+        print(f"  {name:16s} {s * 1e3:9.2f} ms  {100 * s / total:5.1f}%")
+    if a.out:
+        print(f"wrote {plot_phases(a.trace, a.out)}")
+    return [seconds]

@@ -24,6 +24,7 @@ cite, never ratios.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import subprocess
@@ -199,9 +200,9 @@ def evaluation_sample(ds, examples: int = EVAL_EXAMPLES, seed: int = 0):
 
 def run_one(name: str, *, data_dir: str | None, rounds: int | None, clients: int | None) -> dict:
     """Times workload ``name`` in this process and returns its row."""
-    from fedjax_sel.bench.common import machine_info
     from fedjax_sel.config import RunConfig
     from fedjax_sel.experiment import run_experiment
+    from fedjax_sel.experiment.provenance import machine_info
 
     w = WORKLOADS[name]
     real_name, ds = _real(w, data_dir, clients)
@@ -344,8 +345,6 @@ def table(rows: list[dict]) -> str:
 
 
 def _child(argv: list[str]) -> None:
-    import argparse
-
     p = argparse.ArgumentParser()
     p.add_argument("name")
     p.add_argument("out")
@@ -355,6 +354,33 @@ def _child(argv: list[str]) -> None:
     a = p.parse_args(argv)
     row = run_one(a.name, data_dir=a.data_dir, rounds=a.rounds, clients=a.clients)
     Path(a.out).write_text(json.dumps(row))
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``fedjax-sel bench workloads``' flags."""
+    p.add_argument(
+        "--workload",
+        action="append",
+        help="logreg_mnist, cnn_femnist, resnet18_cifar100, lstm_shakespeare (default all); "
+        "--rounds N runs N rounds of each (default: the workload's own)",
+    )
+    p.add_argument("--data-dir", default=None, help="folder of the real data files")
+    p.add_argument("--rounds", type=int, default=None, help="rounds of each workload")
+    p.add_argument("--clients", type=int, action="append", help="a subset of each workload's")
+    p.add_argument("--out", default=None, help="JSON output file")
+
+
+def main(a: argparse.Namespace) -> list[dict]:
+    """``fedjax-sel bench workloads``: :func:`workloads_main` with the flags."""
+    if a.clients is not None and len(a.clients) != 1:
+        raise ConfigError("bench workloads takes one --clients (a subset of each workload's)")
+    return workloads_main(
+        a.workload,
+        data_dir=a.data_dir,
+        rounds=a.rounds,
+        clients=a.clients[0] if a.clients else None,
+        out=a.out,
+    )
 
 
 if __name__ == "__main__":

@@ -3,8 +3,8 @@
 
 The driver (this process, holding ``OUT``'s lock) sends each *unit* of work to Ray as one
 task: the cells that run as one compiled program, a strategy's tuning grid on one task, or
-its evaluation seeds in one scenario (:func:`~fedjax_sel.benchmark.suite.tuning_cells`,
-:func:`~fedjax_sel.benchmark.suite.eval_cells`). A strategy's evaluation units go out when
+its evaluation seeds in one scenario (:func:`~fedjax_sel.benchmark.cells.tuning_cells`,
+:func:`~fedjax_sel.benchmark.cells.eval_cells`). A strategy's evaluation units go out when
 its tuning unit is back and its lr chosen, so units of different strategies, tasks and
 scenarios run side by side.
 
@@ -38,12 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from fedjax_sel.base import ConfigError
-from fedjax_sel.benchmark.suite import (
-    SUITE_VERSION,
-    Entry,
+from fedjax_sel.benchmark.cells import (
     Planned,
-    Suite,
-    Task,
     eval_cells,
     job_units,
     jobs,
@@ -51,15 +47,16 @@ from fedjax_sel.benchmark.suite import (
     tuned_scenarios,
     tuning_cells,
 )
+from fedjax_sel.benchmark.suite import SUITE_VERSION, Entry, Suite, Task
 from fedjax_sel.benchmark.units import pending_groups, run_group, task_deadlines
 from fedjax_sel.experiment.outdir import folder_name
 from fedjax_sel.experiment.outputs import read_json, write_json
+from fedjax_sel.experiment.provenance import machine_info
 from fedjax_sel.experiment.records import (
     INVOCATIONS,
     PER_SEED,
     Store,
     invocation_entry,
-    machine_info,
     part_folder,
     read_invocations,
     task_store,

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from fedjax_sel.base import ConfigError
-from fedjax_sel.benchmark.suite import Suite, cell_metrics
+from fedjax_sel.benchmark.cells import cell_metrics
+from fedjax_sel.benchmark.suite import Suite
 from fedjax_sel.config import RunConfig
 from fedjax_sel.experiment.loop import program_key
 from fedjax_sel.experiment.records import Store

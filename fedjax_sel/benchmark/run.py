@@ -23,21 +23,23 @@ from pathlib import Path
 from typing import Any
 
 from fedjax_sel.base import ConfigError
-from fedjax_sel.benchmark.suite import (
-    SUITE_VERSION,
-    Entry,
+from fedjax_sel.benchmark.cells import (
     Planned,
-    Scenario,
-    Suite,
-    Task,
     eval_cells,
     job_units,
     jobs,
-    load_suite,
-    parse_suite,
     tuned_lr,
     tuned_scenarios,
     tuning_cells,
+)
+from fedjax_sel.benchmark.suite import (
+    SUITE_VERSION,
+    Entry,
+    Scenario,
+    Suite,
+    Task,
+    load_suite,
+    parse_suite,
 )
 from fedjax_sel.benchmark.units import pending_groups, run_group, task_deadlines
 from fedjax_sel.config import RunConfig
@@ -91,7 +93,7 @@ def run_suite(
 ) -> float:
     """Runs (or resumes) a suite into ``out``: every cell without a matching record runs and is
     recorded in ``out/per_seed/`` (a shard: in its part). Returns the wall seconds;
-    :func:`fedjax_sel.benchmark.leaderboard.write` turns the records into the leaderboard.
+    :func:`fedjax_sel.benchmark.report.write` turns the records into the leaderboard.
 
     ``out`` is locked while the suite writes (:mod:`.outdir`); a cell whose record or folder
     holds another configuration's results is refused before it runs, unless ``overwrite``.

@@ -8,15 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from fedjax_sel.base import ConfigError
-from fedjax_sel.benchmark.suite import (
-    SUITE_VERSION,
-    Planned,
-    Suite,
-    Task,
-    cell_key,
-    cell_metrics,
-    deadline_for,
-)
+from fedjax_sel.benchmark.cells import Planned, cell_key, cell_metrics, deadline_for
+from fedjax_sel.benchmark.suite import SUITE_VERSION, Suite, Task
 from fedjax_sel.experiment.records import Store, cell_execution
 
 

@@ -30,7 +30,7 @@ from fedjax_sel.data.dataset_clustered_mnist import (
     image_pool,
     sample_by_proportions,
 )
-from fedjax_sel.data.datasets import FederatedDataset, _assemble, register_dataset
+from fedjax_sel.data.datasets import FederatedDataset, assemble, register_dataset
 
 
 def latent_cluster_proportions(
@@ -93,7 +93,7 @@ def _clustered_cifar100(
         cluster, primary, d.num_classes, float(label_alpha), float(leakage), rng
     )
     parts = sample_by_proportions(y_pool, props, np.full(num_clients, n), rng, "clustered_cifar100")
-    return _assemble(
+    return assemble(
         "clustered_cifar100",
         x_pool,
         y_pool,
@@ -103,7 +103,6 @@ def _clustered_cifar100(
         layout=layout,
         task="classification",
         num_classes=d.num_classes,
-        default_model="cnn",
         info={
             "source": d.source,
             "num_clusters": num_clusters,

@@ -23,7 +23,7 @@ import numpy as np
 
 from fedjax_sel.base import ConfigError
 from fedjax_sel.data import loaders
-from fedjax_sel.data.datasets import FederatedDataset, _assemble, register_dataset
+from fedjax_sel.data.datasets import FederatedDataset, assemble, register_dataset
 
 TRANSFORMS = ("rotate", "permute")
 
@@ -170,7 +170,7 @@ def _clustered_mnist(
         info["label_permutations"] = [q.tolist() for q in perms]
     else:
         info["angles"] = [360.0 * c / num_clusters for c in range(num_clusters)]
-    return _assemble(
+    return assemble(
         "clustered_mnist",
         np.concatenate(xs),
         np.concatenate(ys),
@@ -180,7 +180,6 @@ def _clustered_mnist(
         layout=layout,
         task="classification",
         num_classes=d.num_classes,
-        default_model="mlp",
         info=info,
         x_scale=1.0 / 255.0,
     )

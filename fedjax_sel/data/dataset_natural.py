@@ -36,7 +36,7 @@ import numpy as np
 from fedjax_sel.base import ConfigError
 from fedjax_sel.data import shakespeare
 from fedjax_sel.data.client_data import ClientData, from_client_arrays
-from fedjax_sel.data.datasets import FederatedDataset, register_dataset
+from fedjax_sel.data.datasets import FederatedDataset, register_dataset, registered_model
 from fedjax_sel.data.federated_files import (
     ClientExamples,
     compact_pixels,
@@ -89,8 +89,8 @@ def assemble_natural(
     *,
     layout: str,
     num_classes: int,
-    default_model: str,
     info: dict[str, Any],
+    default_model: str | None = None,
     x_scale: float | None = None,
     central_test: ClientExamples | None = None,
 ) -> FederatedDataset:
@@ -132,13 +132,14 @@ def finish_natural(
     central_test: ClientExamples | None,
     *,
     num_classes: int,
-    default_model: str,
     info: dict[str, Any],
+    default_model: str | None = None,
     x_scale: float | None = None,
 ) -> FederatedDataset:
     """The :class:`FederatedDataset` of clients ``ids`` stored as ``train_data`` (and
     ``test_data``), with the central test set ``central_test`` and the provenance and size
-    figures every natural data set records in ``info``."""
+    figures every natural data set records in ``info`` (``default_model``: the registered one
+    unless given)."""
     if central_test is None or len(central_test.y) == 0:
         raise ConfigError(f"{name}: the files hold no test examples for these clients")
     tx = jnp.asarray(central_test.x)
@@ -165,7 +166,7 @@ def finish_natural(
         task="classification",
         num_classes=num_classes,
         input_shape=tuple(train_data.feature_shape),
-        default_model=default_model,
+        default_model=default_model or registered_model(name),
         info=info,
     )
 
@@ -212,7 +213,7 @@ def _femnist(*, num_clients, partition, seed, data_path, test_fraction, layout):
     train, test, scale = _one_storage(train, test, scales)
     ids, sub = subsample(sorted(train), num_clients, seed, "femnist")
     return assemble_natural(
-        "femnist", ids, train, test, layout=layout, num_classes=62, default_model="cnn",
+        "femnist", ids, train, test, layout=layout, num_classes=62,
         info={"source": f"LEAF JSON {folder}", **sub}, x_scale=scale,
     )  # fmt: skip
 
@@ -245,7 +246,7 @@ def _shakespeare_leaf(*, num_clients, partition, seed, data_path, test_fraction,
     ids, sub = subsample(sorted(train), num_clients, seed, "shakespeare_leaf")
     return assemble_natural(
         "shakespeare_leaf", ids, train, test, layout=layout, num_classes=shakespeare.VOCAB_SIZE,
-        default_model="lstm", info={"source": f"LEAF JSON {folder}", **sub},
+        info={"source": f"LEAF JSON {folder}", **sub},
     )  # fmt: skip
 
 
@@ -275,7 +276,7 @@ def _synthetic_leaf(
     ids, sub = subsample(sorted(train), num_clients, seed, "synthetic_leaf")
     return assemble_natural(
         "synthetic_leaf", ids, train, test, layout=layout, num_classes=int(num_classes),
-        default_model="logreg", info={"source": f"LEAF JSON {folder}", **sub},
+        info={"source": f"LEAF JSON {folder}", **sub},
     )  # fmt: skip
 
 
@@ -369,7 +370,7 @@ def _emnist_writers(
     train, test, scale = _one_storage(train, test, scales)
     return assemble_natural(
         "emnist_writers", ids, train, test, layout=layout, num_classes=classes,
-        default_model="cnn", x_scale=scale,
+        x_scale=scale,
         info={"source": files.source, "only_digits": bool(only_digits), **sub},
     )  # fmt: skip
 
@@ -414,7 +415,7 @@ def _cifar100_tff(
     )
     return assemble_natural(
         "cifar100_tff", ids, train, None, layout=layout, num_classes=classes,
-        default_model="cnn", x_scale=1.0 / 255.0, central_test=central,
+        x_scale=1.0 / 255.0, central_test=central,
         info={"source": files.source, "label": label, **sub},
     )  # fmt: skip
 
@@ -463,5 +464,5 @@ def _shakespeare_tff(
     sub["clients_without_a_full_window"] = len(all_ids) - len(usable)
     return assemble_natural(
         "shakespeare_tff", ids, train, test, layout=layout, num_classes=shakespeare.VOCAB_SIZE,
-        default_model="lstm", info={"source": files.source, **sub},
+        info={"source": files.source, **sub},
     )  # fmt: skip

@@ -366,6 +366,5 @@ def _stackoverflow(
         "central_test_examples": None if central_test_examples is None else len(rows),
     }
     return finish_natural(
-        NAME, ids, train, test, central, num_classes=spec.num_classes,
-        default_model="lstm_words", info=info,
+        NAME, ids, train, test, central, num_classes=spec.num_classes, info=info,
     )  # fmt: skip

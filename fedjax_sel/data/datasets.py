@@ -65,7 +65,9 @@ class FederatedDataset:
 
 DATA_SET_FIXED = ("num_clients", "partition", "seed", "data_path", "test_fraction", "layout")
 
-DATASETS = Registry("data set", fixed=DATA_SET_FIXED, package="fedjax_sel.data", prefix="dataset_")
+# every public module of fedjax_sel.data is imported the first time the registry is read: a
+# module that registers a data set needs no particular name
+DATASETS = Registry("data set", fixed=DATA_SET_FIXED, package="fedjax_sel.data")
 
 
 def register_dataset(
@@ -182,7 +184,7 @@ def hold_out_server_set(ds: FederatedDataset, fraction: float, seed: int) -> Fed
     )
 
 
-def _assemble(
+def assemble(
     name: str,
     x: np.ndarray | RowChunks,
     y: np.ndarray | None,
@@ -193,17 +195,36 @@ def _assemble(
     layout: str,
     task: str,
     num_classes: int | None,
-    default_model: str,
     info: dict,
+    default_model: str | None = None,
     x_scale: float | None = None,
     central_test: tuple[np.ndarray, np.ndarray] | None = None,
     temporal_split: bool = False,
 ) -> FederatedDataset:
-    """The data set of a pool of examples ``x, y`` split among clients (``parts``), each
-    client's examples split into train and test. ``x`` may be a generator
-    (:class:`~fedjax_sel.data.client_data.RowChunks`, ``y`` then ``None``): its rows are made
-    once, written straight into the final arrays (:func:`from_row_chunks`), the same arrays as
-    from the whole pool."""
+    """The :class:`FederatedDataset` of a pool of examples ``x, y`` split among clients: what a
+    data-set builder (:func:`register_dataset`) returns once it has its examples and its
+    partition.
+
+    Args:
+      name: the data set's registry name.
+      x, y: the pooled examples and labels. ``x`` may be a generator
+        (:class:`~fedjax_sel.data.client_data.RowChunks`, ``y`` then ``None``): its rows are
+        made once, written straight into the final arrays (:func:`from_row_chunks`), the same
+        arrays as from the whole pool.
+      parts: each client's row indices into the pool (:func:`partition_by_client`, or a
+        partitioner of :mod:`fedjax_sel.data.partition`).
+      rng: draws each client's test split.
+      test_fraction: fraction of each client's examples held out as its test split.
+      layout: the builder's ``layout`` (:mod:`fedjax_sel.data.client_data`).
+      task, num_classes, info: the :class:`FederatedDataset` fields.
+      default_model: the model the papers use on it (default: the one its registration
+        names).
+      x_scale: stored ``x`` times this is the feature (integer pixels kept small on device).
+      central_test: the official test set ``(x, y)``; default: the union of the clients'
+        test splits.
+      temporal_split: hold out each client's last examples (overlapping windows of a text)
+        instead of a random subset.
+    """
     if temporal_split:  # overlapping windows: hold out each client's last examples
         train_parts, test_parts = [], []
         for p in parts:
@@ -261,9 +282,14 @@ def _assemble(
         task=task,
         num_classes=num_classes,
         input_shape=tuple(train.feature_shape),
-        default_model=default_model,
+        default_model=default_model or registered_model(name),
         info=info,
     )
+
+
+def registered_model(name: str) -> str:
+    """The default model data set ``name`` was registered with (:func:`register_dataset`)."""
+    return DATASETS[name].info["default_model"]
 
 
 def _pooled_parts(spec: str, labels, num_clients, rng, groups=None):
@@ -290,7 +316,7 @@ def _digits(*, num_clients, partition, seed, data_path, test_fraction, layout):
     if partition.startswith("dirichlet") and "min_size" not in partition:
         partition = partition + ",min_size=5"
     parts, spec = _pooled_parts(partition, d.y_train, num_clients, rng)
-    return _assemble(
+    return assemble(
         "digits",
         d.x_train,
         d.y_train,
@@ -300,7 +326,6 @@ def _digits(*, num_clients, partition, seed, data_path, test_fraction, layout):
         layout=layout,
         task="classification",
         num_classes=10,
-        default_model="mlp",
         info={"source": d.source, "partition": spec},
         x_scale=1.0 / 16.0,
     )
@@ -348,7 +373,7 @@ def _leaf_synthetic(
     )
     if np.any(sizes == 0):
         raise ConfigError(f"leaf_synthetic: max_examples={max_examples} leaves clients empty")
-    return _assemble(
+    return assemble(
         "leaf_synthetic",
         pool,
         None,
@@ -359,7 +384,6 @@ def _leaf_synthetic(
         layout=layout,
         task="classification",
         num_classes=int(num_classes),
-        default_model="logreg",
         info={"source": "generated", "alpha": alpha, "beta": beta, "iid": bool(iid)}
         | ({} if personal_scale is None else {"personal_scale": float(personal_scale)}),
     )
@@ -400,7 +424,7 @@ def _regression(
         examples_per_client=int(examples_per_client),
         theta_scale=float(theta_scale),
     )
-    return _assemble(
+    return assemble(
         "regression",
         x,
         y,
@@ -410,7 +434,6 @@ def _regression(
         layout=layout,
         task="regression",
         num_classes=None,
-        default_model="linreg",
         info={
             "source": "generated",
             "num_clusters": int(num_clusters),
@@ -421,12 +444,12 @@ def _regression(
     )
 
 
-def _image_builder(name: str, default_model: str):
+def _image_builder(name: str):
     def build(*, num_clients, partition, seed, data_path, test_fraction, layout):
         d = loaders.load_image_dataset(name, data_path)
         rng = np.random.default_rng(seed)
         parts, spec = _pooled_parts(partition, d.y_train, num_clients, rng)
-        return _assemble(
+        return assemble(
             name,
             d.x_train,
             d.y_train,
@@ -436,7 +459,6 @@ def _image_builder(name: str, default_model: str):
             layout=layout,
             task="classification",
             num_classes=d.num_classes,
-            default_model=default_model,
             info={"source": d.source, "partition": spec},
             x_scale=1.0 / 255.0,
             central_test=(d.x_test, d.y_test),
@@ -458,7 +480,7 @@ for _name, _model, _desc in [
         default_clients=100,
         default_partition="dirichlet:0.1",
         default_model=_model,
-    )(_image_builder(_name, _model))
+    )(_image_builder(_name))
 
 
 @register_dataset(
@@ -508,7 +530,7 @@ def _shakespeare(
         ys.append(y)
         parts.append(np.arange(start, start + len(y)))
         start += len(y)
-    return _assemble(
+    return assemble(
         "shakespeare",
         np.concatenate(xs),
         np.concatenate(ys),
@@ -518,7 +540,6 @@ def _shakespeare(
         layout=layout,
         task="classification",
         num_classes=shakespeare.VOCAB_SIZE,
-        default_model="lstm",
         info={"source": "gutenberg texts", "roles": [roles[i][0] for i in chosen]},
         temporal_split=True,
     )

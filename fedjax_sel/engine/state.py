@@ -1,5 +1,6 @@
-"""The simulation state and the data a round reads, and how the states and data of several
-members (seeds, grid points) stack on a leading axis to run vmapped in one program."""
+"""The simulation state and the data a round reads: :func:`init_state` builds the state
+before the first round, and the states and data of several members (seeds, grid points) stack
+on a leading axis to run vmapped in one program."""
 
 from __future__ import annotations
 
@@ -10,10 +11,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from fedjax_sel.base import Array, ConfigError, Params
+from fedjax_sel.base import Array, ConfigError, Params, PRNGKey, SimSpec
 from fedjax_sel.data.client_data import ClientData, stack_client_data, stack_padded
 from fedjax_sel.data.datasets import FederatedDataset
+from fedjax_sel.engine.fedbuff import init_slots
+from fedjax_sel.engine.spec import RoundSpec
+from fedjax_sel.strategies.hyperparams import init_with_hyperparams
 from fedjax_sel.training.hparams import HParams
+from fedjax_sel.training.local import client_optimizer
 
 
 @struct.dataclass
@@ -53,8 +58,95 @@ class SimState:
     weight_sums: Array
     sim_time: Array
     system_state: Any
-    async_state: Any = None
-    hparams: HParams | None = None
+    async_state: Any
+    hparams: HParams
+
+
+def sim_spec(
+    dataset: FederatedDataset, params: Params, *, per_round: int, num_rounds: int
+) -> SimSpec:
+    """What a strategy's and an availability model's ``init`` read of a simulation:
+    ``per_round`` slots (a spec's ``slots``), the planned rounds, the data set's sizes and
+    label histogram, and the initial ``params``."""
+    label_counts = None
+    # one label per example; sequence targets (next-word prediction) have no histogram:
+    # [K, vocabulary] would be 13.7 GB for Stack Overflow's 342,477 users
+    if (
+        dataset.num_classes is not None
+        and dataset.task == "classification"
+        and not dataset.train.target_shape
+    ):
+        label_counts = dataset.train.label_counts(dataset.num_classes)
+    return SimSpec(
+        num_clients=dataset.num_clients,
+        per_round=per_round,
+        num_rounds=num_rounds,
+        num_examples=dataset.train.counts,
+        params=params,
+        num_classes=dataset.num_classes,
+        label_counts=label_counts,
+    )
+
+
+def init_state(
+    spec: RoundSpec,
+    sim: SimSpec,
+    key: PRNGKey,
+    hparams: HParams,
+    strategy_hparams: dict[str, float] | None = None,
+) -> SimState:
+    """The state before the first round (fedjax's ``init``, beside
+    :func:`~fedjax_sel.engine.round.round_fn`): the model ``sim.params``, the strategy's and
+    the availability model's initial states, a fresh server optimizer, the device profiles
+    and FedBuff's empty slots where the spec has them.
+
+    Args:
+      spec: the round's static spec.
+      sim: what ``init`` functions read of the simulation (:func:`sim_spec`).
+      key: the simulation's key; every round's keys are folded from it.
+      hparams: the traced hyperparameters of this member.
+      strategy_hparams: values of the strategy's traced hyperparameters
+        (``Strategy.hyperparams``; default: those it was built with).
+    """
+    if not spec.local.prox and float(hparams.prox_mu) != 0:
+        raise ConfigError(
+            f"prox_mu={float(hparams.prox_mu)} needs a simulation built with prox_mu > 0 "
+            "(the proximal term is part of the compiled program)"
+        )
+    params, k = sim.params, sim.num_clients
+    strategy_state = init_with_hyperparams(
+        spec.strategy, jax.random.fold_in(key, 101), sim, strategy_hparams or {}
+    )
+    avail_key = jax.random.fold_in(key, 102)
+    if spec.availability.needs_spec:
+        availability_state = spec.availability.init(avail_key, k, sim)
+    else:
+        availability_state = spec.availability.init(avail_key, k)
+    client_states = None
+    if spec.persistent_client_state:
+        one = client_optimizer(spec.local, hparams.lr).init(params)
+        client_states = jax.tree.map(lambda x: jnp.broadcast_to(x, (k,) + x.shape), one)
+    return SimState(
+        round=jnp.zeros((), jnp.int32),
+        key=key,
+        params=params,
+        server_opt_state=spec.server_transform(hparams).init(params),
+        strategy_state=strategy_state,
+        availability_state=availability_state,
+        client_opt_states=client_states,
+        selection_counts=jnp.zeros((k,), jnp.int32),
+        weight_sums=jnp.zeros((k,), jnp.float32),
+        sim_time=jnp.zeros((), jnp.float32),
+        system_state=None
+        if spec.system is None
+        else spec.system.init(jax.random.fold_in(key, 103), k),
+        async_state=None
+        if spec.asynchronous is None
+        else init_slots(params, spec.asynchronous.concurrency),
+        # a copy: the state owns its buffers (a donated chunk deletes them), the caller's
+        # values may start other members
+        hparams=jax.tree.map(jnp.array, hparams),
+    )
 
 
 class SlotTiming(NamedTuple):

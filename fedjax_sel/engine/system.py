@@ -83,6 +83,19 @@ def _check_noise(name: str, noise: float) -> None:
         raise ConfigError(f"system model {name!r}: noise must be >= 0, got {noise!r}")
 
 
+def _drawn(
+    name: str, draw: Callable[[PRNGKey, PRNGKey, int], SystemState], info: dict[str, float]
+) -> SystemModel:
+    """A model whose devices draw their speeds once: ``draw(compute key, bandwidth key, K)``;
+    ``info``: its settings (``noise``, the per-round noise, among them)."""
+
+    def init(key: PRNGKey, num_clients: int) -> SystemState:
+        k1, k2 = jax.random.split(key)
+        return draw(k1, k2, num_clients)
+
+    return SystemModel(init, _noisy(info["noise"]), name, info)
+
+
 @SYSTEMS.register("lognormal", description="log-normal compute and bandwidth around the medians")
 def lognormal(
     compute_ms: float = 150.0,
@@ -94,27 +107,20 @@ def lognormal(
     """Heavy-tailed devices (FedScale's traces; its example profile is about 153 ms per
     example and 2,209 kbit/s): ``ms = compute_ms * exp(sigma z)``, ``kbps = bandwidth_kbps *
     exp(bandwidth_sigma z')``."""
+    settings = dict(locals())  # the arguments, in order: the model's info
     _check_positive("lognormal", compute_ms=compute_ms, bandwidth_kbps=bandwidth_kbps)
     _check_noise("lognormal", noise)
     if sigma < 0 or bandwidth_sigma < 0:
         raise ConfigError("system model 'lognormal': sigma and bandwidth_sigma must be >= 0")
 
-    def init(key: PRNGKey, num_clients: int) -> SystemState:
-        k1, k2 = jax.random.split(key)
+    def draw(k1: PRNGKey, k2: PRNGKey, num_clients: int) -> SystemState:
         z1 = jax.random.normal(k1, (num_clients,), jnp.float32)
         z2 = jax.random.normal(k2, (num_clients,), jnp.float32)
         return SystemState(
             compute_ms * jnp.exp(sigma * z1), bandwidth_kbps * jnp.exp(bandwidth_sigma * z2)
         )
 
-    info = dict(
-        compute_ms=compute_ms,
-        sigma=sigma,
-        bandwidth_kbps=bandwidth_kbps,
-        bandwidth_sigma=bandwidth_sigma,
-        noise=noise,
-    )
-    return SystemModel(init, _noisy(noise), "lognormal", info)
+    return _drawn("lognormal", draw, settings)
 
 
 @SYSTEMS.register("pareto", description="Pareto (Zipf-like) slow tail: ms = compute_ms * Pareto")
@@ -127,6 +133,7 @@ def pareto(
 ) -> SystemModel:
     """``ms = compute_ms * X`` and ``kbps = bandwidth_kbps / Y`` with X, Y ~ Pareto(shape) on
     [1, inf): most devices near the fast end, a power-law tail of slow ones."""
+    settings = dict(locals())  # the arguments, in order: the model's info
     _check_positive(
         "pareto",
         compute_ms=compute_ms,
@@ -136,20 +143,12 @@ def pareto(
     )
     _check_noise("pareto", noise)
 
-    def init(key: PRNGKey, num_clients: int) -> SystemState:
-        k1, k2 = jax.random.split(key)
+    def draw(k1: PRNGKey, k2: PRNGKey, num_clients: int) -> SystemState:
         x = jax.random.pareto(k1, shape, (num_clients,), jnp.float32) + 1.0
         y = jax.random.pareto(k2, bandwidth_shape, (num_clients,), jnp.float32) + 1.0
         return SystemState(compute_ms * x, bandwidth_kbps / y)
 
-    info = dict(
-        compute_ms=compute_ms,
-        shape=shape,
-        bandwidth_kbps=bandwidth_kbps,
-        bandwidth_shape=bandwidth_shape,
-        noise=noise,
-    )
-    return SystemModel(init, _noisy(noise), "pareto", info)
+    return _drawn("pareto", draw, settings)
 
 
 @SYSTEMS.register("normal", description="normal compute and bandwidth, clipped at 5% of the mean")
@@ -160,25 +159,18 @@ def normal(
     bandwidth_std: float = 400.0,
     noise: float = 0.0,
 ) -> SystemModel:
+    settings = dict(locals())  # the arguments, in order: the model's info
     _check_positive("normal", compute_ms=compute_ms, bandwidth_kbps=bandwidth_kbps)
     _check_noise("normal", noise)
 
-    def init(key: PRNGKey, num_clients: int) -> SystemState:
-        k1, k2 = jax.random.split(key)
+    def draw(k1: PRNGKey, k2: PRNGKey, num_clients: int) -> SystemState:
         ms = compute_ms + std * jax.random.normal(k1, (num_clients,), jnp.float32)
         bw = bandwidth_kbps + bandwidth_std * jax.random.normal(k2, (num_clients,), jnp.float32)
         return SystemState(
             jnp.maximum(ms, 0.05 * compute_ms), jnp.maximum(bw, 0.05 * bandwidth_kbps)
         )
 
-    info = dict(
-        compute_ms=compute_ms,
-        std=std,
-        bandwidth_kbps=bandwidth_kbps,
-        bandwidth_std=bandwidth_std,
-        noise=noise,
-    )
-    return SystemModel(init, _noisy(noise), "normal", info)
+    return _drawn("normal", draw, settings)
 
 
 def load_device_capacity(path: str | Path) -> tuple[np.ndarray, np.ndarray]:

@@ -1,5 +1,6 @@
-"""From a :class:`~fedjax_sel.config.RunConfig` to the objects a run needs: its data set,
-model, local-training settings and :class:`~fedjax_sel.engine.simulation.Simulation`."""
+"""From a configuration to the objects a run needs: its data set, model, local-training
+settings and, from a :class:`~fedjax_sel.experiment.resolve.Resolved` configuration, its
+:class:`~fedjax_sel.engine.simulation.Simulation`."""
 
 from __future__ import annotations
 
@@ -7,12 +8,13 @@ import math
 
 import jax
 
-from fedjax_sel import availability as availability_lib
+from fedjax_sel.availability import AVAILABILITY
 from fedjax_sel.config import RunConfig, check_per_round
 from fedjax_sel.data.datasets import FederatedDataset, load_dataset
 from fedjax_sel.engine import system as system_lib
-from fedjax_sel.engine.fedbuff import from_spec as async_from_spec
 from fedjax_sel.engine.simulation import Simulation, default_mesh
+from fedjax_sel.engine.spec import RoundSpec
+from fedjax_sel.experiment.resolve import Resolved
 from fedjax_sel.input_checks import check_claimed_bytes
 from fedjax_sel.models import Model, make_model
 from fedjax_sel.strategies import make_strategy
@@ -40,12 +42,11 @@ def load_data_for(config: RunConfig) -> FederatedDataset:
 def local_config(config: RunConfig) -> LocalConfig:
     return LocalConfig(
         batch_size=config.batch_size,
-        lr=float(config.lr),
         local_steps=config.local_steps,
         local_epochs=config.local_epochs,
         momentum=config.momentum,
         weight_decay=config.weight_decay,
-        prox_mu=config.prox_mu,
+        prox=config.prox_mu > 0,
     )
 
 
@@ -59,15 +60,16 @@ def model_for(config: RunConfig, dataset: FederatedDataset) -> Model:
 
 
 def build_simulation(
-    config: RunConfig,
+    resolved: Resolved,
     dataset: FederatedDataset | None = None,
     *,
     model: Model | None = None,
     n_max: int | None = None,
 ) -> Simulation:
-    """The :class:`Simulation` of ``config`` (loading the data unless given; ``model``
-    replaces the configured one, e.g. a user's own flax model)."""
-    config = config.resolve()
+    """The :class:`Simulation` of a resolved configuration (loading the data unless given;
+    ``model`` replaces the configured one, e.g. a user's own flax model). Parses nothing: every
+    spec was parsed by :func:`~fedjax_sel.experiment.resolve.resolve`."""
+    config = resolved.config
     dataset = dataset if dataset is not None else load_data_for(config)
     # before anything is sized by it (the parallelism measurement samples per_round clients)
     check_per_round(config.per_round, dataset.num_clients, of=f" of data set {dataset.name!r}")
@@ -83,38 +85,41 @@ def build_simulation(
     )
     local = local_config(config)
     parallel, choice = resolve_parallel(
-        config.parallel,
+        resolved.parallel,
         model,
         local,
         dataset.train,
         config.per_round,
         persistent_state=config.persistent_client_state,
     )
-    return Simulation(
+    mesh = default_mesh()
+    spec = RoundSpec.create(
         dataset,
         model,
         make_strategy(config.strategy, slots, **config.strategy_args),
         local=local,
         per_round=config.per_round,
-        num_rounds=config.rounds,
-        availability=availability_lib.from_spec(config.availability),
-        server_tx=server_spec(
+        availability=resolved.availability.build(AVAILABILITY),
+        server_tx=server_spec(  # its learning rate: the members' HParams.server_lr
             config.server,
-            config.server_lr,
             momentum=config.server_momentum,
             weight_decay=config.server_weight_decay,
         ),
         parallel=parallel,
-        parallel_choice=choice,
         persistent_client_state=config.persistent_client_state,
-        chunk_size=config.eval_every,
-        mesh=default_mesh(),
+        mesh=mesh,
         n_max=n_max,
-        system=None if config.system is None else system_lib.from_spec(config.system),
+        system=None if resolved.system is None else resolved.system.build(system_lib.SYSTEMS),
         deadline=config.deadline,
         overcommit=config.overcommit,
         dropout=config.dropout,
-        asynchronous=None
-        if config.asynchronous is None
-        else async_from_spec(config.asynchronous, config.per_round),
+        asynchronous=resolved.asynchronous,
+    )
+    return Simulation(
+        spec,
+        dataset,
+        num_rounds=config.rounds,
+        chunk_size=config.eval_every,
+        mesh=mesh,
+        parallel_choice=choice,
     )

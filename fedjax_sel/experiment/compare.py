@@ -20,7 +20,6 @@ never averaged (:func:`compare`).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -42,95 +41,7 @@ from fedjax_sel.experiment.outputs import (
     write_atomic,
     write_json,
 )
-
-LEVEL = 0.95
-BOOTSTRAP_SAMPLES = 10_000
-
-
-# ----------------------------------------------------------------------------- statistics
-@functools.cache
-def t_critical(df: int, level: float = LEVEL) -> float:
-    """The two-sided Student-t critical value with ``df`` degrees of freedom (memoised: a
-    reproduction's tables ask for the same few hundreds of times)."""
-    from scipy import stats
-
-    return float(stats.t.ppf(0.5 + level / 2, df))
-
-
-def mean_ci(x: Sequence[float], level: float = LEVEL) -> tuple[float, float | None, float | None]:
-    """Mean and Student-t confidence interval (``None`` bounds with fewer than 2 values)."""
-    a = np.asarray(x, np.float64)
-    m = float(np.mean(a))
-    if a.size < 2:
-        return m, None, None
-    half = t_critical(a.size - 1, level) * float(np.std(a, ddof=1)) / math.sqrt(a.size)
-    return m, m - half, m + half
-
-
-def bootstrap_ci(
-    d: Sequence[float], level: float = LEVEL, samples: int = BOOTSTRAP_SAMPLES, seed: int = 0
-) -> tuple[float | None, float | None]:
-    """Percentile bootstrap interval of the mean of ``d`` (fixed generator: reproducible)."""
-    a = np.asarray(d, np.float64)
-    if a.size < 2:
-        return None, None
-    rng = np.random.default_rng(seed)
-    means = a[rng.integers(0, a.size, size=(samples, a.size))].mean(axis=1)
-    lo, hi = np.quantile(means, [0.5 - level / 2, 0.5 + level / 2])
-    return float(lo), float(hi)
-
-
-def p_from_t(gap: float, se: float, df: int) -> float:
-    """Two-sided t-test p-value of a mean ``gap`` away from the hypothesis, standard error
-    ``se`` (``se = 0``: 1 when the gap is 0, else 0)."""
-    if se == 0:
-        return 1.0 if gap == 0 else 0.0
-    from scipy import stats
-
-    return float(2 * stats.t.sf(abs(gap / se), df))
-
-
-def holm(p_values: Sequence[float]) -> list[float]:
-    """Holm's step-down adjustment: the i-th smallest of m p-values becomes
-    ``max_{j <= i} min(1, (m - j + 1) p_(j))``; returned in the input order."""
-    p = np.asarray(p_values, np.float64)
-    m = p.size
-    order = np.argsort(p, kind="stable")
-    adjusted = np.empty(m)
-    running = 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (m - rank) * p[i]))
-        adjusted[i] = running
-    return adjusted.tolist()
-
-
-def paired_stats(
-    x: Sequence[float],
-    base: Sequence[float],
-    *,
-    higher_is_better: bool = True,
-    level: float = LEVEL,
-) -> dict[str, Any]:
-    """Paired difference ``x - base`` over seeds: mean, t interval, bootstrap interval,
-    two-sided paired t-test p-value and win rate."""
-    d = np.asarray(x, np.float64) - np.asarray(base, np.float64)
-    mean, lo, hi = mean_ci(d, level)
-    boot_lo, boot_hi = bootstrap_ci(d, level)
-    p = None
-    if d.size >= 2:
-        p = p_from_t(mean, float(np.std(d, ddof=1)) / math.sqrt(d.size), d.size - 1)
-    signed = d if higher_is_better else -d
-    wins = float(np.mean(np.where(signed > 0, 1.0, np.where(signed == 0, 0.5, 0.0))))
-    return {
-        "diff": mean,
-        "diff_ci_low": lo,
-        "diff_ci_high": hi,
-        "diff_boot_ci_low": boot_lo,
-        "diff_boot_ci_high": boot_hi,
-        "p_value": p,
-        "win_rate": wins,
-        "pairs": int(d.size),
-    }
+from fedjax_sel.experiment.stats import mean_ci, paired_stats
 
 
 # ----------------------------------------------------------------------------- runs
@@ -595,7 +506,7 @@ def write_comparison(
             f"mean over seeds, 95% CI{f' ({setting})' if setting else ''}; baseline "
             f"{baseline_by_setting[setting]}"
         )
-        suffix = "" if not setting else f"_{_slug(setting)}"
+        suffix = "" if not setting else f"_{folder_name(setting)}"
         timed = all(r.records and "sim_time_s" in r.records[-1] for r in group)
         for x, name in (
             ("round", f"comparison{suffix}.png"),
@@ -612,7 +523,3 @@ def write_comparison(
                 title=title,
                 x=x,
             )
-
-
-def _slug(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "-=." else "_" for c in text).strip("_")

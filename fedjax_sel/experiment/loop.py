@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,7 +30,9 @@ from fedjax_sel.config import RunConfig
 from fedjax_sel.data.datasets import FederatedDataset
 from fedjax_sel.distributed import is_primary, to_host
 from fedjax_sel.engine.log import RoundLog
+from fedjax_sel.engine.system import overcommitted
 from fedjax_sel.experiment import checkpoint as ckpt
+from fedjax_sel.experiment.outdir import stored_config
 from fedjax_sel.experiment.outputs import (
     CHECKPOINT,
     CONFIG,
@@ -46,7 +49,7 @@ from fedjax_sel.experiment.outputs import (
     write_jsonl,
 )
 from fedjax_sel.experiment.provenance import code_record, same_code
-from fedjax_sel.strategies.registry import traced_hyperparams, traced_values
+from fedjax_sel.strategies.registry import traced_values
 from fedjax_sel.training.hparams import TRACED_FIELDS
 
 
@@ -185,7 +188,7 @@ def finished_by_other_code(config: RunConfig, out: Path) -> bool | None:
         return None
     try:
         info = read_json(out / CONFIG)
-        stored = RunConfig.from_dict(info["config"]).resolve()
+        stored = stored_config(info)
     except (ConfigError, KeyError, TypeError):
         return None
     if stored.results_key() != config.results_key():
@@ -529,7 +532,7 @@ def program_key(config: RunConfig) -> str:
     config = config.replace(seed=0, data_seed=None, label=None)
     if config.mode != "personalized":
         traced = {name: 0.0 for name in TRACED_FIELDS}
-        strategy_traced = traced_hyperparams(config.strategy)
+        strategy_traced = strategy_hyperparams(config)
         args = {k: v for k, v in config.strategy_args.items() if k not in strategy_traced}
         config = config.replace(
             **{**traced, "prox_mu": float(config.prox_mu > 0), "strategy_args": args}
@@ -542,5 +545,13 @@ def traced_settings(config: RunConfig) -> dict[str, float]:
     (:data:`~fedjax_sel.training.hparams.TRACED_FIELDS`) and its strategy's (prefixed
     ``strategy.``)."""
     out = {name: float(getattr(config, name)) for name in TRACED_FIELDS}
-    values = traced_values(config.strategy, config.strategy_args)
+    values = strategy_hyperparams(config)
     return {**out, **{f"strategy.{k}": v for k, v in values.items()}}
+
+
+def strategy_hyperparams(config: RunConfig) -> dict[str, float]:
+    """``config``'s strategy's traced hyperparameters and their values: those of the strategy
+    it builds, with the slots a run fills (``per_round`` over-committed; capped by the number
+    of clients where the configuration gives it)."""
+    slots = overcommitted(config.per_round, config.overcommit, config.num_clients or sys.maxsize)
+    return traced_values(config.strategy, slots, config.strategy_args)

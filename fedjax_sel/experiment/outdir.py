@@ -25,7 +25,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -202,6 +202,13 @@ def owned(
 
 
 # ----------------------------------------------------------------------------- conflicts
+def stored_config(info: Mapping[str, Any]) -> RunConfig:
+    """The configuration of a run folder's ``config.json`` (``info``, its mapping). A run
+    writes its resolved, canonical configuration there, so it is read as it is (validated,
+    no registry): its :meth:`~fedjax_sel.config.RunConfig.results_key` is the run's."""
+    return RunConfig.from_dict(info["config"]).validate()
+
+
 def conflicting(
     folders: Iterable[tuple[Path, str]],
 ) -> list[tuple[Path, str]]:
@@ -220,8 +227,7 @@ def conflicting(
             found.append((folder, "results without a config.json"))
             continue
         try:
-            stored = RunConfig.from_dict(read_json(folder / CONFIG)["config"]).resolve()
-            other = stored.results_key()
+            other = stored_config(read_json(folder / CONFIG)).results_key()
         except (ConfigError, KeyError, TypeError, ValueError) as e:
             found.append((folder, f"an unreadable config.json ({e})"))
             continue

@@ -36,6 +36,7 @@ from fedjax_sel.data.datasets import FederatedDataset
 from fedjax_sel.experiment import build as build_lib
 from fedjax_sel.experiment import loop as run_lib
 from fedjax_sel.experiment.outputs import CHECKPOINT, METRICS, append_line
+from fedjax_sel.experiment.resolve import Resolved
 from fedjax_sel.metrics import nanmean
 from fedjax_sel.models import Model
 from fedjax_sel.personalized.methods import PERSONALIZED_METHODS, build_program, epoch_steps
@@ -45,7 +46,7 @@ from fedjax_sel.personalized.results import (
     result_from_records,
     summarize,
 )
-from fedjax_sel.personalized.simulator import METHODS, PersonalizedConfig
+from fedjax_sel.personalized.state import METHODS, PersonalizedConfig
 
 # (program key, data seed) -> (dataset, program): the last built programs, reused by the next
 # seed of the same configuration (a new program would compile again)
@@ -113,7 +114,7 @@ class PersonalizedEngine:
 
 def epoch_diagnostics(log) -> dict[str, float]:
     """Means over a chunk's epochs and targets of the peer methods' per-epoch quantities
-    (:class:`~fedjax_sel.personalized.simulator.EpochLog`): the smoothness estimate ``L``, the
+    (:class:`~fedjax_sel.personalized.state.EpochLog`): the smoothness estimate ``L``, the
     step, ``L eta`` (and its largest value), ``lambda_reg``, the bound ``Phi(alpha)``, the
     squared gradient norm estimate, the weight on unobserved peers and, at the chunk's end,
     the fraction of targets whose risk-bound premise has held so far."""
@@ -172,7 +173,7 @@ def cached_program(config: RunConfig, dataset: FederatedDataset | None = None):
 
 
 def run_personalized(
-    config: RunConfig,
+    resolved: Resolved,
     out: Path | None,
     *,
     info: dict[str, Any] | None = None,
@@ -181,8 +182,9 @@ def run_personalized(
     echo: Callable = print,
     resume: bool = True,
 ) -> list[run_lib.RunResult]:
-    """Runs one personalized configuration through :func:`fedjax_sel.experiment.loop.drive`."""
-    config = config.resolve()
+    """Runs one resolved personalized configuration through
+    :func:`fedjax_sel.experiment.loop.drive`."""
+    config = resolved.config
     dataset, program = cached_program(config, dataset)
     member = run_lib.Member(config, None if out is None else Path(out), info=dict(info or {}))
     fresh = program.init(config.seed)

@@ -1,18 +1,21 @@
-"""The code a run was made by, so that a finished run or a checkpoint made by other code is
-recomputed, not mixed with this code's runs.
+"""The code and the machine a result was made by.
 
-The record is a digest of the package's source (the bytes of every ``.py`` file under
-``fedjax_sel/`` with its path: any edit counts, a comment's included; parsing the files to
-ignore comments would cost a second per process) and the package version. It goes into every
-run's ``config.json`` and a reproduction's ``run_info.json`` and ``per_seed.json``;
-:func:`same_code` is what the experiment layer checks before it reuses a finished cell or
-resumes a checkpoint.
+The code, so that a finished run or a checkpoint made by other code is recomputed, not mixed
+with this code's runs: the record is a digest of the package's source (the bytes of every
+``.py`` file under ``fedjax_sel/`` with its path: any edit counts, a comment's included;
+parsing the files to ignore comments would cost a second per process) and the package version.
+It goes into every run's ``config.json`` and a reproduction's ``run_info.json`` and
+``per_seed.json``; :func:`same_code` is what the experiment layer checks before it reuses a
+finished cell or resumes a checkpoint. The machine (:func:`machine_info`), so that a timing or
+a suite's wall time says where it was measured.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import os
+import platform
 from pathlib import Path
 from typing import Any
 
@@ -46,3 +49,38 @@ def code_record() -> dict[str, str]:
 def same_code(stored: Any) -> bool:
     """Whether a stored :func:`code_record` is this code's (a run without one is not)."""
     return isinstance(stored, dict) and stored.get("source") == source_digest()
+
+
+def cpu_model(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
+    """The CPU's model name (``model name`` in Linux's ``/proc/cpuinfo``, else the platform's
+    processor string): two machines that are both ``x86_64`` can differ twofold in speed."""
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() in ("model name", "Model", "cpu model") and value.strip():
+            return value.strip()
+    return platform.processor() or platform.machine()
+
+
+def machine_info() -> dict[str, Any]:
+    """The machine: backend, devices, CPU model and count, versions. Recorded with every
+    measurement (``benchmarks/``) and every suite invocation (``invocations.json``)."""
+    import jax
+
+    dev = jax.devices()
+    return {
+        "backend": jax.default_backend(),
+        "device_kind": dev[0].device_kind,
+        "num_devices": len(dev),
+        "cpu_count": os.cpu_count(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_model": cpu_model(),
+        "jax_version": jax.__version__,
+        "python": platform.python_version(),
+        # JAX_DEFAULT_MATMUL_PRECISION (bfloat16, tensorfloat32) changes an accelerator's speed
+        "matmul_precision": jax.config.jax_default_matmul_precision or "default",
+        "devices": [str(d) for d in dev],
+    }

@@ -11,7 +11,7 @@ written in several places become one.
   ``OUT/invocations.json`` (each file replaced atomically, then the part removed; a merge cut
   short is merged again, with the same result), refusing a record that would replace another
   configuration's.
-* :func:`machine_info` and :func:`cell_execution`: where and how a cell ran.
+* :func:`cell_execution`: how a cell ran (the machine: :func:`.provenance.machine_info`).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import Any
 
 from fedjax_sel.base import ConfigError
 from fedjax_sel.experiment.outputs import CONFIG, read_json, write_json
+from fedjax_sel.experiment.provenance import machine_info
 
 INVOCATIONS = "invocations.json"
 PARTS = "parts"
@@ -196,30 +197,6 @@ def invocation_entry(**extra: Any) -> dict[str, Any]:
         "wall_seconds": 0.0,
         "cells_run": 0,
         **extra,
-    }
-
-
-def machine_info() -> dict[str, Any]:
-    """The machine a suite runs on (a suite finished over several runs lists each)."""
-    import os
-    import platform
-
-    import jax
-
-    cpu = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(
-                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu
-            )
-    except OSError:
-        pass
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "backend": jax.default_backend(),
-        "devices": [str(d) for d in jax.devices()],
-        "jax_version": jax.__version__,
     }
 
 

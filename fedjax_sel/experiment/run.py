@@ -48,6 +48,7 @@ from fedjax_sel.experiment.loop import (
 from fedjax_sel.experiment.outdir import claim, owned
 from fedjax_sel.experiment.outputs import CHECKPOINT, METRICS
 from fedjax_sel.experiment.personalized import run_personalized
+from fedjax_sel.experiment.resolve import Resolved, resolve
 from fedjax_sel.models import Model
 from fedjax_sel.strategies.registry import traced_values
 from fedjax_sel.training.hparams import HParams
@@ -69,8 +70,8 @@ class GlobalEngine:
         *,
         profile: bool = False,
     ):
-        self.sim, self.task, self.profile = sim, sim.model.task, profile
-        self.timed = sim.system is not None
+        self.sim, self.task, self.profile = sim, sim.spec.model.task, profile
+        self.timed = sim.spec.system is not None
         self.batched = len(states) > 1
         self.data = data
         self.states = stack_states(states) if self.batched else states[0]
@@ -114,17 +115,17 @@ class GlobalEngine:
             **metrics_lib.selection_summary(counts),
             "selection_counts": counts.tolist(),
             "weight_sums": weight_sums.tolist(),
-            "client_parallelism": list(self.sim.parallel),
+            "client_parallelism": list(self.sim.spec.trainer.parallel[:2]),  # mode, chunk
         }
 
     def describe(self) -> dict[str, Any]:
         choice = self.sim.parallel_choice
         return {
-            "model": self.sim.model.name,
-            "client_parallelism": list(self.sim.parallel),
+            "model": self.sim.spec.model.name,
+            "client_parallelism": list(self.sim.spec.trainer.parallel[:2]),
             "parallel_choice": None if choice is None else choice.to_dict(),
             # config.json reruns the mode this run used, whatever a new measurement would pick
-            "resolved_config": {"parallel": self.sim.parallel_spec},
+            "resolved_config": {"parallel": self.sim.spec.trainer.parallel.text()},
         }
 
 
@@ -201,7 +202,7 @@ class _GroupData:
 
 
 def run_group(
-    configs: Sequence[RunConfig],
+    configs: Sequence[RunConfig | Resolved],
     outs: Sequence[Path | None],
     *,
     infos: Sequence[dict[str, Any]] | None = None,
@@ -218,6 +219,8 @@ def run_group(
     ``seeds_together`` members (``"auto"``: measured within the memory bound,
     :mod:`.batching`) with the whole simulation state stacked on a leading member axis.
     Members resume from their checkpoints (``resume``); those at the same round run together.
+    Each configuration is resolved once, here (:func:`~fedjax_sel.experiment.resolve.resolve`;
+    a :class:`Resolved` is taken as it is).
 
     Args:
       infos: extra ``config.json`` entries per member (a sweep's label and setting).
@@ -226,8 +229,8 @@ def run_group(
     """
     if not configs:
         return []
-    configs = [c.resolve() for c in configs]
-    if len({program_key(c) for c in configs}) > 1:
+    resolved = [resolve(c) for c in configs]
+    if len({program_key(r.config) for r in resolved}) > 1:
         raise ConfigError(
             "run_group: the configurations differ in more than their seeds and traced "
             "hyperparameters"
@@ -235,29 +238,30 @@ def run_group(
     # every program of the group is traced (and cached) under the configured precision;
     # "default" keeps the process's own (jax.default_matmul_precision or its environment
     # variable; unset, XLA's: TensorFloat-32 products on recent NVIDIA GPUs)
-    precision = configs[0].matmul_precision
+    precision = resolved[0].config.matmul_precision
     with (
         contextlib.nullcontext()
         if precision == "default"
         else jax.default_matmul_precision(precision)
     ):
         return _run_group(
-            configs, outs, infos, seeds_together, dataset, model, bar, echo, resume, trace_dir
+            resolved, outs, infos, seeds_together, dataset, model, bar, echo, resume, trace_dir
         )
 
 
 def _run_group(
-    configs, outs, infos, seeds_together, dataset, model, bar, echo, resume, trace_dir
+    resolved, outs, infos, seeds_together, dataset, model, bar, echo, resume, trace_dir
 ) -> list[RunResult]:
-    infos = list(infos) if infos is not None else [{} for _ in configs]
-    if configs[0].mode == "personalized":
+    infos = list(infos) if infos is not None else [{} for _ in resolved]
+    if resolved[0].config.mode == "personalized":
         return [
             r
-            for c, o, info in zip(configs, outs, infos, strict=True)
+            for c, o, info in zip(resolved, outs, infos, strict=True)
             for r in run_personalized(
                 c, o, info=info, dataset=dataset, bar=bar, echo=echo, resume=resume
             )
         ]
+    configs = [r.config for r in resolved]
     data_seeds = [c.seed if c.data_seed is None else c.data_seed for c in configs]
     shared = len(set(data_seeds)) == 1
     if shared:
@@ -269,7 +273,7 @@ def _run_group(
                 loaded[s] = load_data_for(c)
         datasets = [loaded[s] for s in data_seeds]
     sim = build_simulation(
-        configs[0], datasets[0], model=model, n_max=max(d.train.n_max for d in datasets)
+        resolved[0], datasets[0], model=model, n_max=max(d.train.n_max for d in datasets)
     )
     members = [
         Member(c, None if o is None else Path(o), info=info, readonly=not is_primary())
@@ -281,7 +285,9 @@ def _run_group(
             m.config.seed,
             dataset=None if shared else d,
             hparams=HParams.from_config(m.config),
-            strategy_hparams=traced_values(m.config.strategy, m.config.strategy_args),
+            strategy_hparams=traced_values(
+                m.config.strategy, sim.spec.slots, m.config.strategy_args
+            ),
         )
         restored = restore_member(m, fresh, echo) if resume else None
         if restored is None and m.writes:
@@ -295,7 +301,7 @@ def _run_group(
     choice = None
     if seeds_together == "auto" and len(members) > 1:
         choice = measured_batch(
-            f"{program_key(configs[0])}/{sim.model.name}",
+            f"{program_key(configs[0])}/{sim.spec.model.name}",
             size,
             lambda b: group.round_seconds(states[0], b),
             echo=echo,
@@ -343,7 +349,7 @@ def _run_group(
 
 
 def run_experiment(
-    config: RunConfig,
+    config: RunConfig | Resolved,
     out_dir: str | Path | None = None,
     *,
     progress: bool = True,
@@ -356,20 +362,22 @@ def run_experiment(
 ) -> RunResult:
     """Runs ``config`` to the end (or to divergence) and writes its folder (nothing is written
     when ``out_dir`` is ``None``). ``resume``: continue from ``out_dir``'s checkpoint when it
-    has one (a finished run is returned as it is).
+    has one (a finished run is returned as it is). ``config`` is resolved once, here (a
+    :class:`Resolved` is taken as it is).
 
     ``out_dir`` is locked while the run writes (:mod:`.outdir`: a second writer is refused),
     and a folder holding results of another configuration is refused unless ``overwrite``."""
     out = None if out_dir is None else Path(out_dir)
-    config = config.resolve()
+    resolved = resolve(config)
     with owned(out, echo):
         if out is not None:
-            claim([(out, config.results_key())], "this run", overwrite=overwrite, echo=echo)
-        return _run_experiment(config, out, progress, dataset, model, echo, resume, trace_dir)
+            key = resolved.config.results_key()
+            claim([(out, key)], "this run", overwrite=overwrite, echo=echo)
+        return _run_experiment(resolved, out, progress, dataset, model, echo, resume, trace_dir)
 
 
 def _run_experiment(
-    config: RunConfig,
+    resolved: Resolved,
     out: Path | None,
     progress: bool,
     dataset: FederatedDataset | None,
@@ -378,6 +386,7 @@ def _run_experiment(
     resume: bool,
     trace_dir: str | Path | None,
 ) -> RunResult:
+    config = resolved.config
     if resume and out is not None:
         done = finished_result(config, out)
         if done is not None:
@@ -390,7 +399,7 @@ def _run_experiment(
         bar = tqdm(total=config.rounds, desc=config.display_name, unit="round", leave=True)
     try:
         (result,) = run_group(
-            [config],
+            [resolved],
             [out],
             dataset=dataset,
             model=model,

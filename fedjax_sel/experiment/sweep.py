@@ -72,13 +72,16 @@ from fedjax_sel.experiment.loop import finished_by_other_code
 from fedjax_sel.experiment.mappings import release_if_crowded
 from fedjax_sel.experiment.outdir import check_distinct_folders, claim, folder_name, owned
 from fedjax_sel.experiment.outputs import SUMMARY, read_json, write_json
+from fedjax_sel.experiment.resolve import Resolved, resolve
+from fedjax_sel.experiment.tuning import Tuning, parse_tuning, setting_name
 from fedjax_sel.input_checks import seed_list
 
 
 @dataclasses.dataclass
 class Cell:
     """One run of a sweep: its configuration, folder, label and setting (the non-seed grid
-    values, ``""`` without a grid)."""
+    values, ``""`` without a grid). The configuration is resolved once, when the cell is made
+    (``resolved``; ``config`` becomes its canonical configuration)."""
 
     config: RunConfig
     out: Path
@@ -87,6 +90,11 @@ class Cell:
     point: dict[str, Any] = dataclasses.field(default_factory=dict)
     strategy: str = ""  # the [[strategies]] entry's label (label adds its own grid's point)
     own_axes: tuple[str, ...] = ()  # the axes of the entry's own grid
+    resolved: Resolved = dataclasses.field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.resolved = resolve(self.config)
+        self.config = self.resolved.config
 
     @property
     def entry(self) -> str:
@@ -105,25 +113,8 @@ class Sweep:
     tuning: Tuning | None = None
 
 
-@dataclasses.dataclass(frozen=True)
-class Tuning:
-    """``[sweep.tune]``: grid ``axes`` chosen per strategy by the mean of ``metric`` over the
-    ``seeds`` that tune; the other seeds of the sweep compare the chosen points."""
-
-    metric: str
-    seeds: tuple[int, ...]
-    axes: tuple[str, ...]
-
-
 # [sweep] keys passed on to compare(): extra metrics of the comparison
 COMPARE_OPTIONS = ("metrics", "at_rounds", "targets", "time_targets")
-
-
-def _setting_name(point: Mapping[str, Any]) -> str:
-    return ",".join(f"{k}={v}" for k, v in point.items())
-
-
-_slug = folder_name  # the folder name of a setting or label (kept for the studies' imports)
 
 
 def expand_sweep(spec: Mapping[str, Any], out: str | Path) -> Sweep:
@@ -184,15 +175,15 @@ def expand_sweep(spec: Mapping[str, Any], out: str | Path) -> Sweep:
             "is paired against one baseline, so give it fixed values (or tune it on [grid])"
         )
     together = check_together(options.get("seeds_together", "auto"))
-    cells = []
+    rows = []
     out = Path(out)
     for point in _points(grid):
-        setting = _setting_name(point)
+        setting = setting_name(point)
         for label, entry, own in zip(labels, strategies, own_grids, strict=True):
             entry_fields = {k: v for k, v in entry.items() if k not in ("label", "grid")}
             for own_point in _points(own):
                 full = {**point, **own_point}
-                name = f"{label}[{_setting_name(own_point)}]" if own_point else label
+                name = f"{label}[{setting_name(own_point)}]" if own_point else label
                 fields = {**base, **_fields_of(full), **entry_fields}
                 fields["strategy_args"] = _merged_args(base, full, entry, label)
                 fields.update(override)
@@ -200,12 +191,11 @@ def expand_sweep(spec: Mapping[str, Any], out: str | Path) -> Sweep:
                     config = RunConfig.from_dict(
                         {**fields, "seed": seed, "label": name}, source="sweep"
                     ).validate()
-                    where = out / "runs" / _slug(setting) / _slug(name) / f"seed{seed}"
-                    cells.append(Cell(config, where, name, setting, full, label, tuple(own)))
-    check_distinct_folders([c.setting for c in cells], "sweep: grid settings")
-    check_distinct_folders([c.label for c in cells], "sweep: strategy labels")
-    for c in cells:
-        c.config = c.config.resolve()
+                    where = out / "runs" / folder_name(setting) / folder_name(name) / f"seed{seed}"
+                    rows.append((config, where, name, setting, full, label, tuple(own)))
+    check_distinct_folders([r[3] for r in rows], "sweep: grid settings")
+    check_distinct_folders([r[2] for r in rows], "sweep: strategy labels")
+    cells = [Cell(*r) for r in rows]  # each configuration resolved (and checked) here
     compare_options = {k: options[k] for k in COMPARE_OPTIONS if k in options}
     for key, values in compare_options.items():
         if not isinstance(values, list):
@@ -275,57 +265,6 @@ def _fields_of(point: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in point.items() if not k.startswith("strategy_args")}
 
 
-def parse_tuning(
-    tune: Any, grid: Mapping[str, list], seeds: list[int], *, own: bool = False
-) -> Tuning:
-    """Checks ``[sweep.tune]`` (see the module docstring) against the grid and the seeds
-    (``own``: some strategy has a grid of its own, always tuned)."""
-    from fedjax_sel.experiment.metric_table import DEFAULT_METRICS
-
-    if not isinstance(tune, Mapping):
-        raise ConfigError(f"sweep: [sweep.tune] must be a table, got {tune!r}")
-    bad = set(tune) - {"metric", "seeds", "axes"}
-    if bad:
-        raise ConfigError(
-            f"sweep: unknown [sweep.tune] key(s) {sorted(bad)}; use metric, seeds, axes"
-        )
-    metric = tune.get("metric", "final_accuracy")
-    if not isinstance(metric, str) or not (
-        metric in DEFAULT_METRICS or metric.startswith(("accuracy@", "rounds_to:"))
-    ):
-        raise ConfigError(
-            f"sweep: [sweep.tune] metric {metric!r} is not one of {sorted(DEFAULT_METRICS)}, "
-            "accuracy@R or rounds_to:A"
-        )
-    axes = tune.get("axes", list(grid))
-    if isinstance(axes, str):
-        axes = [axes]
-    if (not axes and not own) or not set(axes) <= set(grid):
-        raise ConfigError(
-            f"sweep: [sweep.tune] axes {axes!r} must be grid axes; the grid has {sorted(grid)}"
-        )
-    chosen = tune.get("seeds", max(1, len(seeds) // 2))
-    if isinstance(chosen, bool) or not isinstance(chosen, (int, list)):
-        raise ConfigError(f"sweep: [sweep.tune] seeds must be a count or a list, got {chosen!r}")
-    if isinstance(chosen, int) and chosen < 1:
-        raise ConfigError(f"sweep: [sweep.tune] seeds must be a count >= 1, got {chosen!r}")
-    tuning_seeds = (
-        seeds[:chosen]
-        if isinstance(chosen, int)
-        else seed_list(chosen, "sweep: [sweep.tune] seeds")
-    )
-    unknown = sorted(set(tuning_seeds) - set(seeds))
-    if unknown:
-        raise ConfigError(f"sweep: [sweep.tune] seeds {unknown} are not seeds of the sweep {seeds}")
-    held_out = [x for x in seeds if x not in tuning_seeds]
-    if not tuning_seeds or len(held_out) < 2:
-        raise ConfigError(
-            f"sweep: [sweep.tune] needs at least one tuning seed and two others to compare on; "
-            f"seeds {seeds}, tuning seeds {tuning_seeds}"
-        )
-    return Tuning(metric, tuple(tuning_seeds), tuple(axes))
-
-
 def _merged_args(
     base: Mapping[str, Any], point: Mapping[str, Any], entry: Mapping[str, Any], label: str
 ) -> dict[str, Any]:
@@ -391,7 +330,7 @@ def tuned_comparison(sweep: Sweep, out: str | Path, echo: Callable = print) -> d
         return (*tuning.axes, *cell.own_axes)
 
     def rest_of(cell: Cell) -> str:
-        return _setting_name({k: v for k, v in cell.point.items() if k not in tuned_axes(cell)})
+        return setting_name({k: v for k, v in cell.point.items() if k not in tuned_axes(cell)})
 
     def tuned_of(cell: Cell) -> dict[str, Any]:
         return {k: cell.point[k] for k in tuned_axes(cell)}
@@ -412,7 +351,7 @@ def tuned_comparison(sweep: Sweep, out: str | Path, echo: Callable = print) -> d
             continue
         tuned = tuned_of(cell)
         entry = scores.setdefault((cell.entry, rest_of(cell)), {}).setdefault(
-            _setting_name(tuned), {"point": tuned, "values": {}}
+            setting_name(tuned), {"point": tuned, "values": {}}
         )
         entry["values"][cell.config.seed] = metric_value(run_of(cell, ""), tuning.metric)
     choices = []
@@ -458,7 +397,7 @@ def tuned_comparison(sweep: Sweep, out: str | Path, echo: Callable = print) -> d
     for c in choices:
         where = f" ({c['setting']})" if c["setting"] else ""
         echo(
-            f"tuned {c['strategy']}{where}: {_setting_name(c['chosen'])} "
+            f"tuned {c['strategy']}{where}: {setting_name(c['chosen'])} "
             f"({tuning.metric} {c['score']} on seeds {list(tuning.seeds)})"
         )
     rows = compare(
@@ -533,7 +472,7 @@ def run_cells(
     try:
         for members in groups.values():
             out = run_lib.run_group(
-                [cells[i].config for i in members],
+                [cells[i].resolved for i in members],
                 [cells[i].out for i in members],
                 infos=[
                     {"sweep": {"label": cells[i].label, "setting": cells[i].setting}}

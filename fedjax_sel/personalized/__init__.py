@@ -18,11 +18,11 @@ from fedjax_sel.personalized.results import (
     summarize,
     summary_row,
 )
-from fedjax_sel.personalized.simulator import (
+from fedjax_sel.personalized.simulator import PersonalizedSimulation
+from fedjax_sel.personalized.state import (
     METHODS,
     EpochLog,
     PersonalizedConfig,
-    PersonalizedSimulation,
     PersonalizedState,
     TargetState,
 )

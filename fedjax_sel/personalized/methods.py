@@ -29,13 +29,8 @@ import numpy as np
 from fedjax_sel.base import ConfigError
 from fedjax_sel.data.datasets import FederatedDataset
 from fedjax_sel.models import Model
-from fedjax_sel.personalized.simulator import (
-    EpochLog,
-    PersonalizedConfig,
-    PersonalizedSimulation,
-    check_targets,
-    initial_key,
-)
+from fedjax_sel.personalized.simulator import PersonalizedSimulation, check_targets, initial_key
+from fedjax_sel.personalized.state import EpochLog, PersonalizedConfig
 from fedjax_sel.registry import Registry
 
 FIXED = ("dataset", "model", "lr", "batch_size", "update_every", "seed", "clusters")
@@ -160,11 +155,14 @@ def _engine_program(
 ) -> PersonalizedProgram:
     """FedAvg (``full``) or IFCA (``ifca``) on the engine, every client every round."""
     del clusters
+    from fedjax_sel.engine import RoundSpec
+    from fedjax_sel.engine.oracle import evaluator as engine_evaluator
     from fedjax_sel.engine.simulation import Simulation
     from fedjax_sel.strategies import make_strategy
-    from fedjax_sel.strategies._clustered import assigned_client_metrics
+    from fedjax_sel.strategies.cluster_models import assigned_client_metrics
     from fedjax_sel.strategies.ifca import assign_by_loss
     from fedjax_sel.training.evaluate import evaluate_all_clients
+    from fedjax_sel.training.hparams import HParams
     from fedjax_sel.training.local import LocalConfig
 
     del seed
@@ -179,26 +177,25 @@ def _engine_program(
         }
     elif num_clusters is not None:
         raise ConfigError("num_clusters is an option of ifca, not of fedavg")
-    sim = Simulation(
+    spec = RoundSpec.create(
         dataset,
         model,
         make_strategy(strategy, k, **args),
-        local=LocalConfig(batch_size=batch_size, lr=float(lr), local_steps=steps),
+        local=LocalConfig(batch_size=batch_size, local_steps=steps),
         per_round=k,
-        num_rounds=1,
-        chunk_size=1,
     )
+    sim = Simulation(spec, dataset, num_rounds=1, chunk_size=1)
 
     def init(seed: int):
         # every method of a comparison starts from the same model
-        return sim.init(seed, params=model.init(initial_key(seed)))
+        return sim.init(seed, params=model.init(initial_key(seed)), hparams=HParams.of(lr))
 
     def advance(state, n: int):
         return sim.run_rounds(state, n)[0], None
 
     @jax.jit
     def _evaluate(state, data):
-        evaluator = sim.evaluator(data)
+        evaluator = engine_evaluator(spec, data)
         if strategy == "ifca":
             models = state.strategy_state.models
             train_loss = jax.lax.map(lambda m: evaluator.client_train(m)[0], models)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from fedjax_sel.metrics import nanmean
-from fedjax_sel.personalized.simulator import METHODS, EpochLog
+from fedjax_sel.personalized.state import METHODS, EpochLog
 
 ALL_METHODS = METHODS + ("fedavg", "ifca")
 

@@ -7,14 +7,12 @@ a user's module loaded with ``fedjax-sel --plugin MODULE``) registers the same w
 
 from fedjax_sel.strategies.registry import (
     STRATEGIES,
-    StrategyEntry,
     make_strategy,
     register_strategy,
 )
 
 __all__ = [
     "STRATEGIES",
-    "StrategyEntry",
     "make_strategy",
     "register_strategy",
 ]

@@ -41,7 +41,7 @@ O(K) to compute, none K-sized in the logs:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal, NamedTuple, get_args
+from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -53,8 +53,6 @@ from fedjax_sel.strategies.hyperparams import inject_hyperparams
 
 Estimator = Literal["auto", "oracle", "bayes", "reference"]
 Prior = Literal["flat", "truth"]
-ESTIMATOR_MODES = get_args(Estimator)
-PRIORS = get_args(Prior)
 PI_FLOOR = 1e-6  # guards alpha / pi_hat against a client that is never online
 NUM_GROUPS = 4
 

@@ -45,7 +45,7 @@ the kept set); ``top_mass``, the probability of its ``floor((1 - alpha3) m)`` mo
 from __future__ import annotations
 
 import math
-from typing import Literal, NamedTuple, get_args
+from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -59,8 +59,6 @@ from fedjax_sel.strategies.registry import register_strategy
 
 Valuation = Literal["loss", "loss_per_sqrt_n", "train_loss"]
 Refresh = Literal["participants", "available"]
-VALUATIONS = get_args(Valuation)
-REFRESH = get_args(Refresh)
 
 
 class ActiveFLState(NamedTuple):
@@ -123,7 +121,6 @@ def active_diagnostics(logits: Array, available: Array, num_soft: int) -> dict[s
 
 @register_strategy(
     "active_fl",
-    traced=("alpha1", "alpha2"),
     description="valuation-based sampling: drop the alpha1 lowest, softmax(alpha2 v), alpha3 "
     "uniform",
     reference="Goetz et al. 2019, Active Federated Learning",

@@ -41,7 +41,7 @@ single client. CA-Fed then keeps every client (the unbiased allocation of Guidel
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple, get_args
+from typing import Literal, NamedTuple
 
 import jax.numpy as jnp
 
@@ -55,8 +55,6 @@ from fedjax_sel.strategies.registry import register_strategy
 
 Optimum = Literal["running_min", "zero", "given"]
 LossSource = Literal["batch", "train", "validation"]
-OPTIMA = get_args(Optimum)
-LOSS_SOURCES = get_args(LossSource)
 
 
 class CAFedState(NamedTuple):
@@ -96,7 +94,6 @@ def update_loss_estimates(
 
 @register_strategy(
     "ca_fed",
-    traced=("kappa2", "tau", "beta", "prior_rounds"),
     description="CA-Fed: weights alpha/pi on clients kept by a greedy exclusion of correlated, "
     "rarely available ones (use per_round = K)",
     reference="Rodio et al., Federated Learning under Heterogeneous and Correlated Client "

@@ -153,7 +153,6 @@ def update_law(p: Array, clients: Array, mask: Array, score: Array, floor) -> Ar
 
 @register_strategy(
     "delta",
-    traced=TRACED,
     description="DELTA: unbiased sampling by gradient diversity and local variance "
     "(with replacement, importance weights)",
     reference="Wang et al. 2023, DELTA: Diverse Client Sampling for Fasting Federated Learning "

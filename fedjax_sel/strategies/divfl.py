@@ -37,7 +37,7 @@ planted clusters the pool's picks cover all clients within a few percent of the 
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple, get_args
+from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -51,7 +51,6 @@ from fedjax_sel.strategies.registry import register_strategy
 from fedjax_sel.tree import flatten_stacked, row_mask
 
 Cover = Literal["available", "known"]
-COVER = get_args(Cover)
 
 
 class DivFLState(NamedTuple):

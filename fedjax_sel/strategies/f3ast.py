@@ -18,7 +18,7 @@ estimates client ``k``'s participation rate:
 from __future__ import annotations
 
 import functools
-from typing import Literal, NamedTuple, get_args
+from typing import Literal, NamedTuple
 
 import jax.numpy as jnp
 
@@ -30,7 +30,6 @@ from fedjax_sel.strategies.hyperparams import inject_hyperparams
 from fedjax_sel.strategies.registry import register_strategy
 
 Variant = Literal["paper", "reference"]
-VARIANTS = get_args(Variant)
 RATE_FLOOR = 1e-6
 
 
@@ -46,7 +45,6 @@ class F3astState(NamedTuple):
 
 @register_strategy(
     "f3ast",
-    traced=("beta", "prior_rounds"),
     description="top-m available clients by alpha^2/r^2, weights alpha/r (r: selection-rate EMA)",
     reference="Ribero, Vikalo, de Veciana 2023 (F3AST), as in Rodio et al. 2023 (CA-Fed)",
 )

@@ -71,7 +71,6 @@ class FedCBSState(NamedTuple):
 
 @register_strategy(
     "fedcbs",
-    traced=TRACED,
     description="Fed-CBS: sequential sampling favouring class-balanced cohorts (QCID)",
     reference="Zhang et al. 2023, Fed-CBS: A Heterogeneity-Aware Client Sampling Mechanism "
     "for Federated Learning via Class-Imbalance Reduction (ICML)",

@@ -127,7 +127,6 @@ def window_weights(stamps: Array, gamma: Array, group_size: int) -> Array:
 
 @register_strategy(
     "fedcor",
-    traced=TRACED,
     description="FedCor: GP over clients' loss changes, greedy posterior selection (warm-up, "
     "GP retraining with an extra random round every gpr_interval)",
     reference="Tang et al. 2022, FedCor: Correlation-Based Active Client Selection (CVPR)",

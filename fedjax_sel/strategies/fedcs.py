@@ -138,7 +138,6 @@ def num_candidates(fraction: float, num_clients: int) -> int:
 
 @register_strategy(
     "fedcs",
-    traced=TRACED,
     description="FedCS: the most clients whose download, update and serial upload fit a "
     "deadline (greedy over a random fraction of resource reports)",
     reference="Nishio, Yonetani 2019, Client Selection for FL with Heterogeneous Resources "

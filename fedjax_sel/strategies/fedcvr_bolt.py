@@ -262,7 +262,6 @@ def dominant_labels(label_counts: Array | None) -> Array | None:
 
 @register_strategy(
     "fedcvr_bolt",
-    traced=("beta",),
     description="homophily coalitions (spectral clustering) + one Boltzmann draw per coalition "
     "on the variance-reduction value vector",
     reference="Licciardi, Raineri, Proskurnikov, Rondoni, Zino 2025, Socially Inspired Coalition "

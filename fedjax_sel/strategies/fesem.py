@@ -32,7 +32,9 @@ import jax.numpy as jnp
 from fedjax_sel.base import Array, ConfigError, Params, Selection, Strategy
 from fedjax_sel.kernels import uniform_without_replacement
 from fedjax_sel.kernels.affinity import squared_distances
-from fedjax_sel.strategies._clustered import (
+from fedjax_sel.strategies._common import Weighting, fedavg_weights
+from fedjax_sel.strategies._sketch import check_sketch, sketch_coordinates, sketch_stacked
+from fedjax_sel.strategies.cluster_models import (
     assigned_metrics,
     check_clusters,
     cluster_average,
@@ -42,8 +44,6 @@ from fedjax_sel.strategies._clustered import (
     slot_sizes,
     trained_models,
 )
-from fedjax_sel.strategies._common import Weighting, fedavg_weights
-from fedjax_sel.strategies._sketch import check_sketch, sketch_coordinates, sketch_stacked
 from fedjax_sel.strategies.registry import register_strategy
 
 
@@ -86,7 +86,7 @@ def fesem(
       per_round: clients drawn uniformly each round.
       num_clusters: k centers.
       init: center initialisation, ``shuffle`` or ``same``
-        (:func:`~fedjax_sel.strategies._clustered.init_cluster_models`).
+        (:func:`~fedjax_sel.strategies.cluster_models.init_cluster_models`).
       sketch, sketch_dim: the weights the distances use (``all`` or ``last_layer``; a random
         subset of ``sketch_dim`` of them when > 0).
       cluster_weighting: the M-step mean: ``size`` (reference code) or ``uniform``.

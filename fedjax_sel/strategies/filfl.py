@@ -51,10 +51,6 @@ from fedjax_sel.strategies._common import Weighting, fedavg_weights
 from fedjax_sel.strategies.registry import STRATEGIES, make_strategy, register_strategy
 from fedjax_sel.tree import row_mask
 
-INNER = ("uniform", "power_of_choice", "divfl")
-FILTER_DATA = ("server", "client")
-EMPTY_VALUES = ("infeasible", "global", "code")
-IF_EMPTY = ("none", "all")
 CODE_OFFSET = 10.0  # the reference code maximises f = 10 - F_V with f(empty) = 0
 
 

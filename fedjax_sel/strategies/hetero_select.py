@@ -8,7 +8,7 @@ loss momentum M, fairness F, staleness St and update-norm penalty N, combined ad
 without replacement from ``softmax(S / tau(t))`` over the available clients (eq. 12;
 Gumbel-top-k is the sequential draw). Aggregation is the plain FedAvg mean of Algorithm 1
 (line 27: ``1/m``). FedProx (eq. 13, ``mu = 0.1`` in the paper) is the local-training option
-``LocalConfig.prox_mu`` / ``--prox-mu 0.1``.
+``HParams.prox_mu`` (with ``LocalConfig.prox``) / ``--prox-mu 0.1``.
 
 Where the losses come from (``loss_source``):
 
@@ -26,7 +26,7 @@ Where the losses come from (``loss_source``):
 from __future__ import annotations
 
 import math
-from typing import Literal, NamedTuple, get_args
+from typing import Literal, NamedTuple
 
 import jax.numpy as jnp
 
@@ -39,8 +39,6 @@ from fedjax_sel.strategies.registry import register_strategy
 
 Scoring = Literal["additive", "multiplicative"]
 LossSource = Literal["oracle", "last", "last_train"]
-SCORINGS = get_args(Scoring)
-LOSS_SOURCES = get_args(LossSource)
 
 
 class HeteroSelectState(NamedTuple):
@@ -141,7 +139,6 @@ def _record_loss(state: HeteroSelectState, who: Array, loss: Array) -> HeteroSel
 
 @register_strategy(
     "hetero_select",
-    traced=("eta", "gamma", "alpha", "tau0"),
     description="HeteRo-Select: additive/multiplicative multi-criteria score, softmax draw "
     "with decaying temperature",
     reference="Masud, Jahin, Hasan 2025, Stabilizing FL under Extreme Heterogeneity "

@@ -9,7 +9,7 @@ differ in them and one program serves a whole grid of values
 (:func:`fedjax_sel.experiment.loop.program_key` leaves them out). A strategy opts in by building
 its functions in a ``build(**traced)`` closure, after checking the values it was given::
 
-    @register_strategy("mine", description="...", traced=("temperature",))
+    @register_strategy("mine", description="...")
     def mine(*, per_round, temperature=1.0):
         if not temperature > 0:
             raise ConfigError(...)          # checks see the concrete values, once
@@ -19,6 +19,11 @@ its functions in a ``build(**traced)`` closure, after checking the values it was
             return Strategy(init, select, update)
 
         return inject_hyperparams(build, temperature=temperature)
+
+The keywords of that call are the one declaration of what is traced: the strategy it returns
+records them with their values (``Strategy.hyperparams``), which is where a grid, the run
+loop and ``fedjax-sel list`` read them
+(:func:`fedjax_sel.strategies.registry.traced_values`).
 """
 
 from __future__ import annotations
@@ -31,41 +36,18 @@ import jax.numpy as jnp
 from fedjax_sel.base import Array, ConfigError, PyTree, Strategy
 
 
-class _Injected(NamedTuple):
+class InjectedState(NamedTuple):
+    """A strategy's state with its traced hyperparameters: ``hyperparams`` (float32 scalars,
+    stacked per member in a vmapped batch) beside ``inner``, the state of the strategy built
+    from them (what its own functions read: ``state.strategy_state.inner.table``)."""
+
     hyperparams: dict[str, Array]
     inner: PyTree
-
-
-class InjectedState(_Injected):
-    """A strategy's state with its traced hyperparameters (float32 scalars, stacked per
-    member in a vmapped batch) beside the state of the strategy built from them
-    (``hyperparams``, ``inner``). Reading any other attribute reads the inner state's, and
-    ``_replace`` of another field replaces the inner state's: code written for the strategy's
-    own state (``state.strategy_state.table``) keeps working."""
-
-    __slots__ = ()
-
-    # tuple's own methods would shadow the inner state's fields of these names (Oort's count)
-    count = property(lambda self: self.inner.count)
-    index = property(lambda self: self.inner.index)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return getattr(self.inner, name)
-
-    def _replace(self, **changes: Any) -> InjectedState:
-        own = {k: changes.pop(k) for k in ("hyperparams", "inner") if k in changes}
-        inner = own.get("inner", self.inner)
-        if changes:
-            inner = inner._replace(**changes)
-        return InjectedState(own.get("hyperparams", self.hyperparams), inner)
 
 
 def inject_hyperparams(build: Callable[..., Strategy], **values: float) -> Strategy:
     """The strategy ``build(**values)`` with ``values`` traced (module docstring)."""
     template = build(**values)
-    names = tuple(values)
 
     def rebuilt(state: InjectedState) -> Strategy:
         return build(**state.hyperparams)
@@ -112,7 +94,7 @@ def inject_hyperparams(build: Callable[..., Strategy], **values: float) -> Strat
         update=update,
         start_params=start_params,
         metrics=metrics,
-        hyperparams=names,
+        hyperparams=tuple((k, float(v)) for k, v in values.items()),
     )
 
 
@@ -121,9 +103,8 @@ def init_with_hyperparams(strategy: Strategy, key: Any, spec: Any, values: dict[
     at the values it was built with; names the strategy does not trace are an error)."""
     if not values:
         return strategy.init(key, spec)
-    unknown = sorted(set(values) - set(strategy.hyperparams))
+    traced = [name for name, _ in strategy.hyperparams]
+    unknown = sorted(set(values) - set(traced))
     if unknown:
-        raise ConfigError(
-            f"strategy {strategy.name!r} traces {list(strategy.hyperparams)}, not {unknown}"
-        )
+        raise ConfigError(f"strategy {strategy.name!r} traces {traced}, not {unknown}")
     return strategy.init(key, spec, hyperparams=values)

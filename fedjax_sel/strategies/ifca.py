@@ -28,7 +28,8 @@ import jax.numpy as jnp
 
 from fedjax_sel.base import Array, Params, Selection, Strategy
 from fedjax_sel.kernels import uniform_without_replacement
-from fedjax_sel.strategies._clustered import (
+from fedjax_sel.strategies._common import Weighting, fedavg_weights
+from fedjax_sel.strategies.cluster_models import (
     assigned_metrics,
     check_clusters,
     cluster_average,
@@ -39,7 +40,6 @@ from fedjax_sel.strategies._clustered import (
     slot_sizes,
     trained_models,
 )
-from fedjax_sel.strategies._common import Weighting, fedavg_weights
 from fedjax_sel.strategies.registry import register_strategy
 
 
@@ -76,7 +76,7 @@ def ifca(
       per_round: clients drawn uniformly each round.
       num_clusters: k cluster models.
       init: ``shuffle`` (independent random models, see
-        :func:`~fedjax_sel.strategies._clustered.init_cluster_models`) or ``same``.
+        :func:`~fedjax_sel.strategies.cluster_models.init_cluster_models`) or ``same``.
       cluster_weighting: averaging inside a cluster: ``uniform`` (reference code) or ``size``.
       weighting: the engine's global-model aggregation weights (unused by IFCA itself).
     """

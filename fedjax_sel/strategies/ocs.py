@@ -106,7 +106,6 @@ def _optimal_sampling(per_round: int, expected, weighting: str, probabilities) -
 
 @register_strategy(
     "ocs",
-    traced=("expected",),
     description="Optimal Client Sampling (exact): the cohort trains, each sends with p_i = "
     "min(1, c ||w_i U_i||), sum p = expected; weights w_i/p_i",
     reference=REFERENCE,
@@ -134,7 +133,6 @@ def ocs(*, per_round: int, expected: float = 3.0, weighting: Weighting = "size")
 
 @register_strategy(
     "aocs",
-    traced=("expected",),
     description="Approximate Optimal Client Sampling (reference code): p_i from secure sums of "
     "scalars, j_max rescales; the cohort trains, weights w_i/p_i",
     reference=REFERENCE,

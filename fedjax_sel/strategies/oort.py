@@ -102,12 +102,6 @@ def _as_bool(name: str, value) -> bool:
     raise ConfigError(f"oort {name} must be true or false, got {value!r}")
 
 
-def preset_values(strategy_args: dict) -> dict:
-    """The traced options that ``strategy_args`` leaves at ``None``: its preset's values
-    (``traced_defaults`` of the registration)."""
-    return resolve_hyper(str(strategy_args.get("preset") or "original"), {})._asdict()
-
-
 def resolve_hyper(preset: str, overrides: dict) -> ok.OortHyper:
     """The preset's hyperparameters with the non-``None`` overrides, validated."""
     if preset not in ok.PRESETS:
@@ -152,8 +146,6 @@ def resolve_hyper(preset: str, overrides: dict) -> ok.OortHyper:
 
 @register_strategy(
     "oort",
-    traced=TRACED,
-    traced_defaults=preset_values,
     description="Oort: statistical x system utility, exploration, pacer, over-commitment "
     "(presets original / fedscale)",
     reference="Lai et al. 2021, Oort: Efficient FL via Guided Participant Selection (OSDI)",

@@ -3,7 +3,7 @@ keep the m with the highest local loss."""
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple, get_args
+from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +14,6 @@ from fedjax_sel.strategies._common import Weighting, fedavg_weights
 from fedjax_sel.strategies.registry import register_strategy
 
 Variant = Literal["pow", "cpow", "rpow"]
-VARIANTS = get_args(Variant)
 
 
 class PowerOfChoiceState(NamedTuple):

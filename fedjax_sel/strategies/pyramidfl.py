@@ -38,7 +38,7 @@ instead: Oort's reward becomes ``g_k``. ``gradient_utility="delta"`` uses the in
 The engine cannot apply the plan, so this strategy is the *selection part only*: its clients
 train the engine's ``local_steps`` and upload whole updates. What is missing: (a) a way for a
 strategy to ask for per-slot step counts (``Selection`` has no such field; the trainer's
-``step_limit`` is set only by the engine's deadline, :func:`fedjax_sel.engine.round.apply_timing`);
+``step_limit`` is set only by the engine's deadline, :func:`fedjax_sel.engine.phases.apply_timing`);
 (b) more steps than ``LocalConfig.local_steps`` (the trainer's ``fori_loop`` has that static
 length; ``r_k`` up to 11 needs a loop of ``11 U`` steps masked per slot); (c) the clock
 (:func:`fedjax_sel.engine.system.round_timing`) charges every slot its configured work, not
@@ -64,8 +64,7 @@ import jax.numpy as jnp
 
 from fedjax_sel.base import Array, ConfigError, Strategy
 from fedjax_sel.strategies._common import Weighting, check_weighting
-from fedjax_sel.strategies.oort import TRACED as OORT_TRACED
-from fedjax_sel.strategies.oort import oort, resolve_hyper
+from fedjax_sel.strategies.oort import oort
 from fedjax_sel.strategies.registry import register_strategy
 
 Ranking = Literal["loss", "gradient"]
@@ -158,15 +157,8 @@ def plan_intra_client(
     return Plan(ratio, jnp.where(kept, iters, 0), d, duration)
 
 
-def _traced_defaults(strategy_args: dict) -> dict:
-    del strategy_args
-    return resolve_hyper("pyramidfl", {})._asdict()
-
-
 @register_strategy(
     "pyramidfl",
-    traced=OORT_TRACED,
-    traced_defaults=_traced_defaults,
     description="PyramidFL: Oort's ranking (PyramidFL's copy) with the gradient utility and "
     "the intra-client plan (adaptive iterations, update dropout) logged, not applied",
     reference="Li, Zeng, Zhang, Cao 2022, PyramidFL: A Fine-grained Client Selection Framework "

@@ -6,59 +6,29 @@ hints); :class:`fedjax_sel.registry.Registry` converts ``--strategy-arg key=valu
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from fedjax_sel.base import ConfigError, Strategy
-from fedjax_sel.registry import Entry, Registry, convert
+from fedjax_sel.registry import Registry
 
 STRATEGIES = Registry("strategy", fixed=("per_round",), package="fedjax_sel.strategies")
 
-StrategyEntry = Entry
-
 
 def register_strategy(
-    name: str,
-    *,
-    description: str,
-    reference: str = "",
-    replace: bool = False,
-    traced: tuple[str, ...] = (),
-    traced_defaults: Callable[[dict], dict] | None = None,
+    name: str, *, description: str, reference: str = "", replace: bool = False
 ) -> Callable:
-    """Decorator registering a strategy factory under ``name`` (see :class:`Registry`).
-    ``traced``: the hyperparameters the factory traces through its state
-    (:func:`fedjax_sel.strategies.hyperparams.inject_hyperparams`). ``traced_defaults``: for
-    traced options whose default is ``None`` (filled in by the factory from another option,
-    e.g. Oort's ``preset``), ``strategy_args -> {name: value}`` gives the values they take."""
-    info: dict = {"traced": tuple(traced)}
-    if traced_defaults is not None:
-        info["traced_defaults"] = traced_defaults
-    return STRATEGIES.register(
-        name, description=description, reference=reference, replace=replace, **info
-    )
+    """Decorator registering a strategy factory under ``name`` (see :class:`Registry`). What
+    the factory traces through its state is what it passes to
+    :func:`~fedjax_sel.strategies.hyperparams.inject_hyperparams` (:func:`traced_values`)."""
+    return STRATEGIES.register(name, description=description, reference=reference, replace=replace)
 
 
-def traced_hyperparams(name: str) -> tuple[str, ...]:
-    """The hyperparameters strategy ``name`` traces (a grid of them shares one program)."""
-    return tuple(STRATEGIES[name].info.get("traced", ()))
-
-
-def traced_values(name: str, strategy_args: dict) -> dict[str, float]:
-    """The values of strategy ``name``'s traced hyperparameters given its arguments (the
-    factory's defaults for those not given, or ``None``: its ``traced_defaults``)."""
-    entry = STRATEGIES[name]
-    filled = None
-    out = {}
-    for key in traced_hyperparams(name):
-        option = entry.options[key]
-        value = strategy_args.get(key, option.default)
-        value = convert(value, option.annotation, what=f"strategy {name!r}", key=key)
-        if value is None:
-            if filled is None:
-                filled = entry.info["traced_defaults"](dict(strategy_args))
-            value = filled[key]
-        out[key] = float(value)
-    return out
+def traced_values(name: str, per_round: int, strategy_args: Mapping[str, Any]) -> dict[str, float]:
+    """Strategy ``name``'s traced hyperparameters and the values they take with these
+    arguments: those of the strategy they build (``Strategy.hyperparams``; a build is cheap
+    and on the host). ``per_round``: the slots it fills (its checks may read them)."""
+    return dict(make_strategy(name, per_round, **strategy_args).hyperparams)
 
 
 def make_strategy(name: str, per_round: int, **hyperparameters) -> Strategy:

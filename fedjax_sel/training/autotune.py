@@ -31,12 +31,15 @@ import numpy as np
 from fedjax_sel.data.client_data import ClientData
 from fedjax_sel.models import Model
 from fedjax_sel.models.base import CONV_IMPLS, with_conv_impl
+from fedjax_sel.training.hparams import HParams
 from fedjax_sel.training.local import (
+    AUTO_PARALLEL,
     LocalConfig,
+    Parallel,
     auto_parallel,
+    client_optimizer,
     executed_steps,
     make_trainer,
-    parallel_spec,
     parse_parallel,
 )
 
@@ -126,7 +129,7 @@ def shape_key(
             cfg.local_steps,
             cfg.local_epochs,
             cfg.momentum > 0,
-            cfg.prox_mu > 0,
+            cfg.prox,
             cfg.weight_decay > 0,
         ],
         "persistent": persistent,
@@ -197,7 +200,7 @@ def choose_parallel(
     that is already twice the best; the plausible winners first, and on fewer clients when one
     call is long) until ``budget_s`` seconds are spent, or by the rule when measuring is off."""
     backend = jax.default_backend()
-    rule_mode, rule_chunk = auto_parallel(model, backend)
+    rule_mode, rule_chunk, _ = auto_parallel(model, backend)
     rule = rule_mode if rule_chunk is None else f"{rule_mode}:{rule_chunk}"
     if not autotune_enabled():
         return ParallelChoice(rule, model.conv_impl, "rule")
@@ -211,17 +214,17 @@ def choose_parallel(
     counts = np.asarray(data.counts)
     rng = np.random.default_rng(0)
     chosen = np.sort(rng.choice(counts.size, per_round, replace=False))
+    hparams = HParams.of(0.01, prox_mu=0.01 if cfg.prox else 0.0)  # traced: values time alike
     states = None
     if persistent_state:
-        from fedjax_sel.training.local import client_optimizer
-
-        one = client_optimizer(cfg).init(params)
+        one = client_optimizer(cfg, hparams.lr).init(params)
         states = jax.tree.map(lambda x: jnp.broadcast_to(x, (per_round,) + x.shape), one)
 
     def arguments(n: int):
         sub_states = None if states is None else jax.tree.map(lambda x: x[:n], states)
         clients = jnp.asarray(chosen[:n], jnp.int32)
-        return (params, data, clients, jnp.ones((n,), bool), jax.random.key(1), sub_states)
+        key = jax.random.key(1)
+        return (params, data, clients, jnp.ones((n,), bool), key, sub_states, hparams)
 
     def seconds(train, args) -> float:
         t = time.perf_counter()
@@ -231,9 +234,19 @@ def choose_parallel(
     def ahead(mode: str, conv: str | None, args):
         # compiled ahead of time: no call is spent on compiling
         variant = model if conv is None else with_conv_impl(model, conv)
-        train = make_trainer(
-            variant, cfg, data.n_max, parallel=mode, persistent_state=persistent_state
+        trainer = make_trainer(
+            variant,
+            cfg,
+            data.n_max,
+            parallel=parse_parallel(mode),
+            persistent_state=persistent_state,
         )
+
+        def train(params, data, clients, active, key, states, hparams):
+            return trainer.train(
+                params, data, clients, active, key, opt_states=states, hparams=hparams
+            )
+
         return jax.jit(train).lower(*args).compile()
 
     todo = candidates(model, per_round, backend)
@@ -275,19 +288,19 @@ def choose_parallel(
 
 
 def resolve_parallel(
-    parallel: str,
+    parallel: Parallel,
     model: Model,
     cfg: LocalConfig,
     data: ClientData,
     per_round: int,
     persistent_state: bool = False,
-) -> tuple[str, ParallelChoice | None]:
-    """``parallel`` with ``auto`` measured by :func:`choose_parallel`: the concrete spec to
-    build the simulation with (``mode[:chunk]``, with ``conv=...`` for a convolution model)
-    and the choice (``None`` when ``parallel`` was given). The experiment layer resolves
-    ``auto`` here, before the engine is built; the engine itself never measures."""
-    if parallel.strip().lower() != "auto":
+) -> tuple[Parallel, ParallelChoice | None]:
+    """``parallel`` with ``auto`` measured by :func:`choose_parallel`: the concrete setting to
+    build the simulation with (with the convolution of a convolution model) and the choice
+    (``None`` when ``parallel`` was given: ``auto:conv=...`` follows the backend's rule). The
+    experiment layer resolves ``auto`` here, before the engine is built; the engine itself
+    never measures."""
+    if parallel != AUTO_PARALLEL:
         return parallel, None
     choice = choose_parallel(model, cfg, data, per_round, persistent_state=persistent_state)
-    mode, chunk = parse_parallel(choice.parallel)
-    return parallel_spec(mode, chunk, choice.conv_impl), choice
+    return parse_parallel(choice.parallel)._replace(conv=choice.conv_impl), choice

@@ -12,11 +12,12 @@ whether ``lr`` is folded in or read from the state), so a grid point equals its 
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 
-from fedjax_sel.base import Array
+from fedjax_sel.base import Array, ConfigError
 
 # RunConfig fields traced in the state, in HParams order
 TRACED_FIELDS = ("lr", "server_lr", "prox_mu")
@@ -39,6 +40,12 @@ class HParams(NamedTuple):
 
     @classmethod
     def of(cls, lr: float, server_lr: float = 1.0, prox_mu: float = 0.0) -> HParams:
+        """The checked values as float32 scalars."""
+        for name, v in (("learning rate", lr), ("server learning rate", server_lr)):
+            if not (v > 0 and math.isfinite(v)):
+                raise ConfigError(f"{name} must be a positive number, got {v!r}")
+        if not prox_mu >= 0:
+            raise ConfigError(f"FedProx mu must be >= 0, got {prox_mu!r}")
         return cls(*(jnp.asarray(v, jnp.float32) for v in (lr, server_lr, prox_mu)))
 
     @classmethod

@@ -19,7 +19,6 @@ mode or on the number of devices.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -31,35 +30,37 @@ import optax
 from fedjax_sel.base import Array, ConfigError, PRNGKey, TrainResult
 from fedjax_sel.data.client_data import ClientData
 from fedjax_sel.models import Model, masked_mean
-from fedjax_sel.models.base import CONV_IMPLS
+from fedjax_sel.models.base import CONV_IMPLS, with_conv_impl
 from fedjax_sel.registry import convert, parse_spec
+from fedjax_sel.training.hparams import HParams
 from fedjax_sel.tree import masked_rows, sq_norm
 
 PARALLEL_MODES = ("auto", "vmap", "map", "chunked")
 
 
 class LocalConfig(NamedTuple):
-    """Static local-training hyperparameters.
+    """Static local-training settings: what the compiled program is built from. The learning
+    rate and FedProx's mu are traced values (:class:`~fedjax_sel.training.hparams.HParams`),
+    given to each call.
 
     Attributes:
       batch_size: minibatch size B.
-      lr: client learning rate.
       local_steps: S fixed steps (exclusive with ``local_epochs``).
       local_epochs: E passes over the client's data.
       momentum: SGD momentum (0 disables it).
       weight_decay: L2 weight decay added to the gradient (PyTorch SGD semantics).
-      prox_mu: FedProx proximal coefficient (0 is FedAvg).
       nesterov: Nesterov momentum.
+      prox: the objective has FedProx's proximal term ``mu / 2 * ||w - w_global||^2`` (mu from
+        ``HParams.prox_mu``; without it the program has no such term and mu must be 0).
     """
 
     batch_size: int = 32
-    lr: float = 0.01
     local_steps: int | None = 10
     local_epochs: int | None = None
     momentum: float = 0.0
     weight_decay: float = 0.0
-    prox_mu: float = 0.0
     nesterov: bool = False
+    prox: bool = False
 
     def validate(self) -> None:
         if (self.local_steps is None) == (self.local_epochs is None):
@@ -73,30 +74,20 @@ class LocalConfig(NamedTuple):
                 raise ConfigError(f"{name} must be a positive integer, got {v!r}")
         if int(self.batch_size) != self.batch_size or self.batch_size < 1:
             raise ConfigError(f"batch_size must be a positive integer, got {self.batch_size!r}")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ConfigError(f"learning rate must be a positive number, got {self.lr!r}")
         if not 0 <= self.momentum < 1:
             raise ConfigError(f"momentum must lie in [0, 1), got {self.momentum!r}")
         if self.weight_decay < 0:
             raise ConfigError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
-        if self.prox_mu < 0:
-            raise ConfigError(f"FedProx mu must be >= 0, got {self.prox_mu!r}")
 
 
-def client_optimizer(
-    cfg: LocalConfig, lr: float | Array | None = None
-) -> optax.GradientTransformation:
-    """SGD with coupled weight decay (as ``torch.optim.SGD``) and optional momentum;
-    ``lr`` (may be traced) replaces ``cfg.lr``. Its state does not depend on ``lr``."""
+def client_optimizer(cfg: LocalConfig, lr: float | Array) -> optax.GradientTransformation:
+    """SGD with coupled weight decay (as ``torch.optim.SGD``) and optional momentum at
+    learning rate ``lr`` (may be traced). Its state does not depend on ``lr``."""
     parts = []
     if cfg.weight_decay > 0:
         parts.append(optax.add_decayed_weights(cfg.weight_decay))
     parts.append(
-        optax.sgd(
-            cfg.lr if lr is None else lr,
-            momentum=cfg.momentum or None,
-            nesterov=cfg.nesterov and cfg.momentum > 0,
-        )
+        optax.sgd(lr, momentum=cfg.momentum or None, nesterov=cfg.nesterov and cfg.momentum > 0)
     )
     return optax.chain(*parts)
 
@@ -159,20 +150,20 @@ def step_positions(key: PRNGKey, count: Array, batch_size: int) -> Array:
 
 
 def make_client_update(model: Model, cfg: LocalConfig, n_max: int) -> Callable:
-    """Builds ``update(params, opt_state, data, client, key, step_limit=None, hparams=None)
+    """Builds ``update(params, opt_state, data, client, key, hparams, step_limit=None)
     -> (params, opt_state, metrics)``.
 
     ``opt_state`` may be ``None`` (a fresh optimizer state each round). ``metrics`` is
-    ``(mean_loss, initial_loss, mean_loss_sq, num_steps)``. ``step_limit`` (int32 scalar):
-    the client stops after that many SGD steps (a straggler cut by the round's deadline);
-    its minibatches are the ones it would have drawn, so it computes a prefix of its full work.
-    ``hparams`` (:class:`~fedjax_sel.training.hparams.HParams`, may be traced): the learning
-    rate and FedProx mu to use instead of ``cfg``'s (the proximal term exists only when
-    ``cfg.prox_mu > 0``).
+    ``(mean_loss, initial_loss, mean_loss_sq, num_steps)``. ``hparams``
+    (:class:`~fedjax_sel.training.hparams.HParams`, may be traced): the learning rate and
+    FedProx mu (the proximal term exists only when ``cfg.prox``). ``step_limit`` (int32
+    scalar): the client stops after that many SGD steps (a straggler cut by the round's
+    deadline); its minibatches are the ones it would have drawn, so it computes a prefix of
+    its full work.
     """
     cfg.validate()
     bsz = int(cfg.batch_size)
-    prox = cfg.prox_mu > 0
+    prox = cfg.prox
 
     def objective(p, global_params, mu, x, y, mask):
         per_example = model.loss(model.apply(p, x), y)
@@ -202,9 +193,9 @@ def make_client_update(model: Model, cfg: LocalConfig, n_max: int) -> Callable:
         go = carry[-1] < limit
         return jax.tree.map(lambda a, b: jnp.where(go, a, b), new, carry)
 
-    def update(params, opt_state, data: ClientData, client, key, step_limit=None, hparams=None):
-        tx = client_optimizer(cfg, None if hparams is None else hparams.lr)
-        mu = cfg.prox_mu if hparams is None else hparams.prox_mu
+    def update(params, opt_state, data: ClientData, client, key, hparams: HParams, step_limit=None):
+        tx = client_optimizer(cfg, hparams.lr)
+        mu = hparams.prox_mu
         if opt_state is None:
             opt_state = tx.init(params)
         count = data.counts[client]
@@ -245,8 +236,37 @@ def make_client_update(model: Model, cfg: LocalConfig, n_max: int) -> Callable:
     return update
 
 
-def split_conv(spec: str) -> tuple[str, str | None]:
-    """``"map:conv=xla"`` / ``"chunked:4,conv=patches"`` -> (parallelism spec, conv impl)."""
+class Parallel(NamedTuple):
+    """How a round's clients are trained side by side, parsed once (:func:`parse_parallel`).
+
+    Attributes:
+      mode: ``auto`` (the backend's rule, :func:`auto_parallel`), ``vmap``, ``map`` or
+        ``chunked``.
+      chunk: slots per chunk of ``chunked`` (``None`` otherwise).
+      conv: the convolution implementation of a convolution model (``patches``, ``xla``,
+        ``xla_nhwc``); ``None`` keeps the model's own.
+    """
+
+    mode: str = "auto"
+    chunk: int | None = None
+    conv: str | None = None
+
+    def text(self) -> str:
+        """The setting as ``--parallel`` accepts it, for records and display:
+        ``map:conv=xla``, ``chunked:4,conv=patches``."""
+        spec = self.mode if self.chunk is None else f"{self.mode}:{self.chunk}"
+        if self.conv is not None:
+            spec += f"{',' if ':' in spec else ':'}conv={self.conv}"
+        return spec
+
+
+AUTO_PARALLEL = Parallel()  # the backend's rule
+
+
+def parse_parallel(spec: str) -> Parallel:
+    """``auto``, ``vmap``, ``map`` or ``chunked:C``, with an optional ``conv=`` option
+    (``map:conv=xla``, ``chunked:4,conv=patches``) -> :class:`Parallel`; a malformed setting
+    is refused with its text, before anything is built or timed."""
     name, positional, pairs = parse_spec(spec, what="client parallelism")
     if "," in name:  # "map,conv=xla": the options belong after a colon
         mode, _, options = name.partition(",")
@@ -256,37 +276,19 @@ def split_conv(spec: str) -> tuple[str, str | None]:
     conv = pairs.pop("conv", None)
     if pairs:
         raise ConfigError(f"client parallelism {spec!r}: unknown option(s) {sorted(pairs)}")
-    rest = ":".join([name] + ([",".join(positional)] if positional else []))
-    return rest, conv
-
-
-def parallel_spec(mode: str, chunk: int | None = None, conv: str | None = None) -> str:
-    """The inverse of :func:`split_conv` over parsed parts: ``("map", None, "xla")`` ->
-    ``"map:conv=xla"``, ``("chunked", 4, "patches")`` -> ``"chunked:4,conv=patches"``; a
-    spec that ``parallel=`` and ``--mode`` accept as written."""
-    spec = mode if chunk is None else f"{mode}:{chunk}"
-    if conv is not None:
-        spec += f"{',' if ':' in spec else ':'}conv={conv}"
-    return spec
-
-
-def check_parallel_spec(spec: str) -> None:
-    """Refuses a malformed ``auto`` / ``vmap`` / ``map`` / ``chunked:C`` spec (with an optional
-    ``conv=`` option) before anything is built or timed."""
-    if spec.strip().lower() == "auto":
-        return
-    parallel, conv = split_conv(spec)
-    parse_parallel(parallel)
+    mode, chunk = _mode(name, positional)
     if conv is not None and conv not in CONV_IMPLS:
         raise ConfigError(
             f"client parallelism {spec!r}: conv must be one of {CONV_IMPLS}, got {conv!r}"
         )
+    return Parallel(mode, chunk, conv)
 
 
-def parse_parallel(spec: str) -> tuple[str, int | None]:
-    """``auto``, ``vmap``, ``map`` or ``chunked:C`` -> ``(mode, chunk)``."""
-    mode, positional, pairs = parse_spec(spec, what="client parallelism")
-    if mode not in PARALLEL_MODES or pairs:
+def _mode(mode: str, positional: list[str]) -> tuple[str, int | None]:
+    """``auto``, ``vmap``, ``map`` or ``chunked:C`` (the setting without its options) ->
+    ``(mode, chunk)``."""
+    spec = ":".join([mode] + ([",".join(positional)] if positional else []))  # for messages
+    if mode not in PARALLEL_MODES:
         raise ConfigError(
             f"unknown client parallelism {spec!r}; choose auto, vmap, map or chunked:C"
         )
@@ -302,7 +304,7 @@ def parse_parallel(spec: str) -> tuple[str, int | None]:
     return mode, chunk
 
 
-def auto_parallel(model: Model, backend: str | None = None) -> tuple[str, int | None]:
+def auto_parallel(model: Model, backend: str | None = None) -> Parallel:
     """The client-parallelism rule, as measured with ``bench throughput``.
 
     On accelerators every model vmaps (batched GEMMs). On XLA:CPU a model follows its
@@ -313,7 +315,7 @@ def auto_parallel(model: Model, backend: str | None = None) -> tuple[str, int | 
     """
     backend = backend or jax.default_backend()
     if backend != "cpu":
-        return "vmap", None
+        return Parallel("vmap")
     return parse_parallel(model.cpu_parallel)
 
 
@@ -397,37 +399,55 @@ def parallel_over_slots(
     return run
 
 
+class Trainer(NamedTuple):
+    """Local training of a round's slots, as a value (:func:`make_trainer` builds it).
+
+    Attributes:
+      train: ``train(params, data, clients, active, key, *, hparams, opt_states=None,
+        per_slot=False, step_limit=None, aggregate_weights=None) -> TrainResult``
+        (:func:`make_trainer` describes the arguments).
+      parallel: the parallelism it runs, concrete (``auto`` resolved by the backend's rule;
+        ``conv`` the model's convolution implementation): what a run records.
+      streams: ``train`` takes ``aggregate_weights`` (the ``map`` mode on one device).
+    """
+
+    train: Callable[..., TrainResult]
+    parallel: Parallel
+    streams: bool
+
+
 def make_trainer(
     model: Model,
     cfg: LocalConfig,
     n_max: int,
     *,
-    parallel: str = "auto",
+    parallel: Parallel = AUTO_PARALLEL,
     persistent_state: bool = False,
     mesh: jax.sharding.Mesh | None = None,
-) -> Callable:
-    """Builds ``train(params, data, clients, active, key, client_opt_states=None,
-    per_slot_params=False, step_limit=None, hparams=None, aggregate_weights=None)``.
+) -> Trainer:
+    """Builds the :class:`Trainer` of ``model`` (its convolutions as ``parallel.conv`` says)
+    whose ``train(params, data, clients, active, key, *, hparams, opt_states=None,
+    per_slot=False, step_limit=None, aggregate_weights=None)`` trains a round's slots.
 
-    Trains the listed clients (int32[P]) and returns a :class:`TrainResult` (with the slots'
-    new optimizer states when ``persistent_state``). All slots start from ``params``, or, with
-    ``per_slot_params``, slot i from ``params[i]`` (a pytree stacked over slots). Slots with
-    ``active == False`` return their start parameters and zero metrics. Each client's
-    randomness is ``fold_in(key, client_id)``. ``step_limit`` (int32[P]): slot i stops after
-    that many SGD steps (stragglers cut by a deadline). ``hparams``: traced learning rate and
-    FedProx mu (:class:`~fedjax_sel.training.hparams.HParams`; default ``cfg``'s).
+    ``train`` trains the listed clients (int32[P]) and returns a :class:`TrainResult` (with the
+    slots' new optimizer states when ``persistent_state``, from ``opt_states`` stacked over the
+    slots). All slots start from ``params``, or, with ``per_slot``, slot i from ``params[i]`` (a
+    pytree stacked over slots). Slots with ``active == False`` return their start parameters
+    and zero metrics. Each client's randomness is ``fold_in(key, client_id)``. ``step_limit``
+    (int32[P]): slot i stops after that many SGD steps (stragglers cut by a deadline).
+    ``hparams``: the learning rate and FedProx mu
+    (:class:`~fedjax_sel.training.hparams.HParams`, traced).
 
-    ``aggregate_weights`` (float32[P], where ``train.streams``: the ``map`` mode on one
+    ``aggregate_weights`` (float32[P], where ``Trainer.streams``: the ``map`` mode on one
     device, slots starting from the shared ``params``): the active slots run in a loop that
     adds ``w_i (theta_i - theta)`` into a running sum as each finishes, as a plain loop over
     the clients would, so the P updated models are never held at once; the result has
     ``params=None``, the sum as ``weighted_delta`` and each slot's ``update_norm``.
     """
-    mode, chunk = parse_parallel(parallel)
-    if mode == "auto":
-        mode, chunk = auto_parallel(model)
+    if parallel.conv is not None:
+        model = with_conv_impl(model, parallel.conv)
+    mode, chunk, _ = auto_parallel(model) if parallel.mode == "auto" else parallel
     update = make_client_update(model, cfg, n_max)
-    tx = client_optimizer(cfg)
     streams = mode == "map" and (mesh is None or mesh.devices.size == 1)
 
     def train(
@@ -436,10 +456,11 @@ def make_trainer(
         clients,
         active,
         key,
-        client_opt_states=None,
-        per_slot_params=False,
+        *,
+        hparams: HParams,
+        opt_states=None,
+        per_slot=False,
         step_limit=None,
-        hparams=None,
         aggregate_weights=None,
     ):
         clients = jnp.asarray(clients, jnp.int32)
@@ -448,8 +469,8 @@ def make_trainer(
         # and fresh optimizer states are built inside the slot function, not stacked P times.
         args = [clients, keys]
         if persistent_state:
-            args.append(client_opt_states)
-        if per_slot_params:
+            args.append(opt_states)
+        if per_slot:
             args.append(params)
         if step_limit is not None:
             args.append(jnp.asarray(step_limit, jnp.int32))
@@ -457,15 +478,15 @@ def make_trainer(
         def unpack(rest):
             rest = list(rest)
             opt_state = rest.pop(0) if persistent_state else None
-            p0 = rest.pop(0) if per_slot_params else params
+            p0 = rest.pop(0) if per_slot else params
             limit = rest.pop(0) if step_limit is not None else None
             if opt_state is None:
-                opt_state = tx.init(p0)
+                opt_state = client_optimizer(cfg, hparams.lr).init(p0)
             return opt_state, p0, limit
 
         def one(client, k, *rest):
             opt_state, p0, limit = unpack(rest)
-            p, s, (loss, first, sq, steps) = update(p0, opt_state, data, client, k, limit, hparams)
+            p, s, (loss, first, sq, steps) = update(p0, opt_state, data, client, k, hparams, limit)
             return p, s, loss, first, sq, steps
 
         def skip(client, k, *rest):
@@ -474,10 +495,10 @@ def make_trainer(
             return p0, opt_state, zero, zero, zero, jnp.zeros((), jnp.int32)
 
         if aggregate_weights is not None:
-            if not streams or per_slot_params:
+            if not streams or per_slot:
                 raise ValueError(
                     "aggregate_weights needs the map mode on one device and shared start "
-                    f"parameters (mode {mode!r}, per_slot_params={per_slot_params})"
+                    f"parameters (mode {mode!r}, per_slot={per_slot})"
                 )
             return _streamed(one, skip, params, args, active, aggregate_weights, persistent_state)
         on = active
@@ -492,13 +513,11 @@ def make_trainer(
             inverse = jnp.argsort(order)
             outs = jax.tree.map(lambda a: a[inverse], outs)
         p, s, loss, first, sq, steps = outs
-        starts = params if per_slot_params else jax.tree.map(lambda x: x[None], params)
+        starts = params if per_slot else jax.tree.map(lambda x: x[None], params)
         p = masked_rows(active, p, starts)
         return _result(active, (loss, first, sq, steps), s if persistent_state else None, p)
 
-    train.mode = (mode, chunk)  # type: ignore[attr-defined]
-    train.streams = streams  # type: ignore[attr-defined]
-    return train
+    return Trainer(train, Parallel(mode, chunk, model.conv_impl), streams)
 
 
 def _streamed(one, skip, params, args, active, weights, persistent_state: bool) -> TrainResult:

@@ -21,21 +21,20 @@ SERVER_OPTIMIZERS = ("sgd", "momentum", "adam")
 
 
 class ServerOptimizer(NamedTuple):
-    """A server optimizer's settings; :meth:`build` makes the optax transformation for a
-    learning rate that may be traced (a grid of server learning rates shares one compiled
-    program, :class:`fedjax_sel.training.hparams.HParams`)."""
+    """A server optimizer's static settings; :meth:`build` makes the optax transformation for
+    a learning rate that may be traced (the round's comes from
+    :class:`fedjax_sel.training.hparams.HParams`, so a grid of server learning rates shares one
+    compiled program)."""
 
     name: str = "sgd"
-    lr: float = 1.0
     momentum: float = 0.9
     weight_decay: float = 0.0
     b1: float = 0.9
     b2: float = 0.99
     eps: float = 1e-3
 
-    def build(self, lr: float | Array | None = None) -> optax.GradientTransformation:
-        """The transformation with learning rate ``lr`` (default: ``self.lr``)."""
-        lr = self.lr if lr is None else lr
+    def build(self, lr: float | Array) -> optax.GradientTransformation:
+        """The transformation with learning rate ``lr``."""
         parts = [optax.add_decayed_weights(self.weight_decay)] if self.weight_decay > 0 else []
         if self.name == "sgd":
             parts.append(optax.sgd(lr))
@@ -48,7 +47,6 @@ class ServerOptimizer(NamedTuple):
 
 def server_spec(
     name: str = "sgd",
-    lr: float = 1.0,
     *,
     momentum: float = 0.9,
     weight_decay: float = 0.0,
@@ -56,12 +54,12 @@ def server_spec(
     b2: float = 0.99,
     eps: float = 1e-3,
 ) -> ServerOptimizer:
-    """The checked settings of a server optimizer.
+    """The checked settings of a server optimizer (its learning rate is the round's traced
+    ``HParams.server_lr``).
 
     Args:
-      name: ``sgd`` (FedAvg when ``lr == 1``), ``momentum`` (FedAvgM) or ``adam`` (FedAdam;
+      name: ``sgd`` (FedAvg at learning rate 1), ``momentum`` (FedAvgM) or ``adam`` (FedAdam;
         ``eps = 1e-3`` as Reddi et al. recommend).
-      lr: server learning rate.
       momentum: momentum of ``momentum``.
       weight_decay: coupled L2 decay added to the pseudo-gradient (CA-Fed's reference code uses
         ``1e-2`` with momentum ``0.9``).
@@ -70,18 +68,19 @@ def server_spec(
         raise ConfigError(
             f"unknown server optimizer {name!r}; choose {', '.join(SERVER_OPTIMIZERS)}"
         )
-    if not (lr > 0 and math.isfinite(lr)):
-        raise ConfigError(f"server learning rate must be a positive number, got {lr!r}")
     if weight_decay < 0:
         raise ConfigError(f"server weight decay must be >= 0, got {weight_decay!r}")
     if name == "momentum" and not 0 <= momentum < 1:
         raise ConfigError(f"server momentum must lie in [0, 1), got {momentum!r}")
-    return ServerOptimizer(name, float(lr), float(momentum), float(weight_decay), b1, b2, eps)
+    return ServerOptimizer(name, float(momentum), float(weight_decay), b1, b2, eps)
 
 
 def server_optimizer(name: str = "sgd", lr: float = 1.0, **kwargs) -> optax.GradientTransformation:
-    """The optax transformation of :func:`server_spec` (same arguments)."""
-    return server_spec(name, lr, **kwargs).build()
+    """A fixed optax transformation: :func:`server_spec`'s optimizer at the constant learning
+    rate ``lr`` (a ``RoundSpec`` given one uses it as it is, whatever ``HParams.server_lr``)."""
+    if not (lr > 0 and math.isfinite(lr)):
+        raise ConfigError(f"server learning rate must be a positive number, got {lr!r}")
+    return server_spec(name, **kwargs).build(float(lr))
 
 
 def weighted_delta(deltas: Params, weights: Array, mask: Array) -> Params:

@@ -1,7 +1,11 @@
-"""Paper reproductions for ``fedjax-sel reproduce NAME``.
+"""The registry of paper reproductions (``fedjax-sel reproduce NAME``) and how one is run.
 
-Each module in this package registers one reproduction with :func:`register_reproduction`; the
-modules are imported when the registry is first read.
+The reproductions themselves are not in this package: each registers itself with
+:func:`register_reproduction` when its module is imported. The repository's ``studies``
+package holds the five papers' (``studies/``, installed beside ``fedjax_sel`` by
+``pip install -e .``); :data:`REPRODUCTIONS` imports every package named by the
+``fedjax_sel.studies`` entry-point group the first time it is read, and ``--plugin MODULE``
+imports another one (docs/reproductions.md, "Where the studies live").
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ PROFILES = ("paper", "code")
 REPRODUCTIONS = Registry(
     "reproduction",
     fixed=("seeds", "out", "size", "profile", "data_dir", "execution"),
-    package="fedjax_sel.reproduce",
+    entry_points="fedjax_sel.studies",
 )
 
 
@@ -79,13 +83,12 @@ def run_reproduction(
     the earlier runs' records under ``earlier_runs`` and their summed cost with this one's in
     ``total_wall_seconds``. ``seeds=None`` takes the reproduction's default.
     ``seeds_together`` and ``only_seeds``: how the runs are executed
-    (:class:`~fedjax_sel.reproduce.execution.Execution`), recorded in ``run_info.json`` when
+    (:class:`~fedjax_sel.experiment.execution.Execution`), recorded in ``run_info.json`` when
     given. With ``only_seeds`` the reproduction stops once those seeds' runs are done and
     returns ``{"only_seeds", "runs", "message"}`` (its ``run_info.json`` says ``only_seeds``)."""
-    from fedjax_sel.bench.common import machine_info
+    from fedjax_sel.experiment.execution import Execution, SeedsRunOnly
     from fedjax_sel.experiment.outputs import write_json
-    from fedjax_sel.experiment.provenance import code_record
-    from fedjax_sel.reproduce.execution import Execution, SeedsRunOnly
+    from fedjax_sel.experiment.provenance import code_record, machine_info
 
     execution = Execution(
         seeds_together, None if only_seeds is None else tuple(int(s) for s in only_seeds)

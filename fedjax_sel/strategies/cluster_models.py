@@ -1,6 +1,7 @@
 """Helpers of the clustered baselines with several models (IFCA, FeSEM; FedCVR-Bolt's Table 2):
 ``k`` cluster models stacked on a leading axis, per-slot start parameters, per-cluster
-averaging of the trained models, and the paper's accuracy (each client under its own model).
+averaging of the trained models, and the paper's accuracy (each client under its own model),
+which the personalized mode's IFCA reports too (:mod:`fedjax_sel.personalized.methods`).
 """
 
 from __future__ import annotations

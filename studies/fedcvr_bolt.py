@@ -45,121 +45,60 @@ steps, T = 200 and 30 warm-up rounds (:data:`SCALES`). FedCVR-Bolt has no public
 from __future__ import annotations
 
 import dataclasses
-import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from fedjax_sel.base import ConfigError
-from fedjax_sel.config import RunConfig
-from fedjax_sel.data import loaders
 from fedjax_sel.experiment.compare import mean_curves
+from fedjax_sel.experiment.execution import Execution
 from fedjax_sel.experiment.outputs import plot_curves, subplots, write_atomic, write_json
-from fedjax_sel.reproduce import output_dir, register_reproduction
-from fedjax_sel.reproduce.common import (
-    Claim,
-    Execution,
+from fedjax_sel.experiment.reproductions import output_dir, register_reproduction
+from fedjax_sel.experiment.study import (
     Study,
     check_profile_size,
     markdown_table,
-    subsampled_npz,
     verdicts_and_absent,
 )
-
-NUM_CLIENTS = 100
-PER_ROUND = 10
-
-# ----------------------------------------------------------------------------- the paper's numbers
-SLOPE, INTERCEPT = "y = theta1 x", "y = theta0 + theta1 x"
-# Table 1: test MSE averaged across clients, mean +- std
-PAPER_TABLE1 = {
-    (SLOPE, "IID"): {
-        "FedAvg": (6.0171, 2.4884),
-        "Power-of-Choice": (6.3587, 2.0280),
-        "Active FL": (6.1656, 2.5821),
-        "FedCVR-Bolt": (6.0136, 2.5170),
-    },
-    (SLOPE, "Non-IID"): {
-        "FedAvg": (57.1336, 24.1335),
-        "Power-of-Choice": (56.9701, 24.7835),
-        "Active FL": (56.8328, 25.7835),
-        "FedCVR-Bolt": (54.7102, 24.8973),
-    },
-    (INTERCEPT, "IID"): {
-        "FedAvg": (0.2142, 0.3520),
-        "Power-of-Choice": (0.2143, 0.3533),
-        "Active FL": (0.2134, 0.3503),
-        "FedCVR-Bolt": (0.2085, 0.3386),
-    },
-    (INTERCEPT, "Non-IID"): {
-        "FedAvg": (1.5875, 0.7291),
-        "Power-of-Choice": (1.6742, 0.6820),
-        "Active FL": (1.7023, 0.7642),
-        "FedCVR-Bolt": (1.5127, 0.7336),
-    },
-}
-# Table 2: test accuracy (%) averaged across clients, mean +- std
-PAPER_TABLE2 = {
-    "mnist": {
-        "FedAvg": (86.30, 1.12),
-        "Power-of-Choice": (81.00, 2.10),
-        "Active FL": (88.89, 0.98),
-        "FedProx": (89.69, 0.91),
-        "IFCA": (89.46, 1.04),
-        "FeSEM": (86.77, 1.85),
-        "FedCVR-Bolt": (90.23, 0.82),
-    },
-    "cifar10": {
-        "FedAvg": (52.67, 1.25),
-        "Power-of-Choice": (49.85, 1.71),
-        "Active FL": (55.19, 1.34),
-        "FedProx": (46.44, 1.88),
-        "IFCA": (52.94, 1.09),
-        "FeSEM": (44.66, 2.06),
-        "FedCVR-Bolt": (57.06, 0.77),
-    },
-    "cifar100": {
-        "FedAvg": (22.92, 0.95),
-        "Power-of-Choice": (23.46, 1.05),
-        "Active FL": (23.35, 1.12),
-        "FedProx": (22.13, 1.34),
-        "IFCA": (22.55, 1.28),
-        "FeSEM": (11.87, 0.77),
-        "FedCVR-Bolt": (24.82, 0.88),
-    },
-}
-# Table 4: FedCVR-Bolt's test accuracy (%) with each affinity kernel
-PAPER_TABLE4 = {
-    "mnist": {"rbf": 90.23, "cosine": 88.72, "laplacian": 88.28, "sigmoid": 88.92},
-    "cifar10": {"rbf": 57.06, "cosine": 55.32, "laplacian": 49.85, "sigmoid": 50.25},
-}
-
-# the regression vectors' scale that gives FedAvg the paper's IID MSE, per model (measured over
-# 20 seeds at scale 1: 0.495 without and 0.592 with intercept; MSE grows as the square)
-T1_THETA_SCALE = {SLOPE: 3.5, INTERCEPT: 0.6}
-
-# ----------------------------------------------------------------------------- methods
-FEDAVG, BOLT = "FedAvg", "FedCVR-Bolt"
-BETA0 = "Coalitions only (beta = 0)"
-SCALE_FREE = "FedCVR-Bolt, scale-free beta = 1 (ours)"
-AFL_LITERAL = "Active FL (participants only)"
-KERNEL_LABELS = {"cosine": "Cosine", "laplacian": "Laplacian", "sigmoid": "Sigmoid"}
-AFL = (("alpha1", 0.8), ("alpha2", 1.0), ("alpha3", 0.0))
-CLUSTERS = 4
-FEDPROX_MU = 0.01
-
-
-@dataclasses.dataclass(frozen=True)
-class Method:
-    label: str
-    strategy: str
-    args: tuple[tuple[str, Any], ...] = ()
-    prox_mu: float = 0.0
-
-
-def bolt_method(label: str, sketch: tuple, warmup: int, **extra) -> Method:
-    return Method(label, "fedcvr_bolt", sketch + (("warmup", warmup),) + tuple(extra.items()))
+from fedjax_sel.experiment.verdicts import Claim
+from studies.fedcvr_bolt_readout import (
+    DIAG_HEADER,
+    FINAL_MSE,
+    MSE_PCT,
+    BoltStudy,
+    diagnostics_after,
+    diagnostics_text,
+    image_claims,
+    mechanism_rows,
+    mechanism_table,
+    table1_claims,
+)
+from studies.fedcvr_bolt_setup import (
+    AFL,
+    AFL_LITERAL,
+    BETA0,
+    BOLT,
+    CLUSTERS,
+    FEDAVG,
+    FEDPROX_MU,
+    INTERCEPT,
+    KERNEL_LABELS,
+    PAPER_TABLE1,
+    PAPER_TABLE2,
+    PAPER_TABLE4,
+    PER_ROUND,
+    SCALE_FREE,
+    SCALES,
+    SLOPE,
+    T1_THETA_SCALE,
+    Method,
+    bolt_method,
+    image_config,
+    image_data_path,
+    table1_config,
+    table1_settings,
+)
 
 
 def common_methods(sketch: tuple, warmup: int, per_round: int = PER_ROUND) -> list[Method]:
@@ -197,321 +136,6 @@ def table2_methods(dataset: str, warmup: int = 30, per_round: int = PER_ROUND) -
 def table4_methods(dataset: str, warmup: int = 30) -> list[Method]:
     sketch = bolt_sketch(dataset)
     return [bolt_method(label, sketch, warmup, affinity=k) for k, label in KERNEL_LABELS.items()]
-
-
-# ----------------------------------------------------------------------------- sizes
-@dataclasses.dataclass(frozen=True)
-class Scale:
-    """Run sizes. Table 1: ``t1_*``. Image tables: ``rounds`` per data set, ``local_steps``
-    xor ``local_epochs``, ``fraction`` (stratified share of the training images), ``hidden``
-    (the MLP's layers), ``datasets`` tried in order."""
-
-    name: str
-    t1_rounds: int = 100
-    t1_clients: int = NUM_CLIENTS
-    t1_examples: int = 100
-    t1_eval_every: int = 10
-    rounds: tuple[tuple[str, int], ...] = (("mnist", 200), ("cifar10", 100), ("cifar100", 100))
-    local_steps: int | None = None
-    local_epochs: int | None = 10
-    batch_size: int = 100
-    lr: float = 0.01
-    fraction: float = 1.0
-    hidden: tuple[int, ...] = (200, 200)
-    warmup: int = 30
-    clients: int = NUM_CLIENTS
-    per_round: int = PER_ROUND
-    eval_every: int = 10
-    datasets: tuple[str, ...] = ("mnist", "cifar10", "cifar100")
-
-    def rounds_of(self, dataset: str) -> int:
-        return dict(self.rounds)[dataset]
-
-
-SCALES = {
-    "cpu": Scale(
-        "cpu",
-        local_steps=5,
-        local_epochs=None,
-        batch_size=32,
-        lr=0.05,
-        fraction=0.25,
-        datasets=("mnist",),
-    ),
-    "paper": Scale("paper"),
-}
-
-
-# ----------------------------------------------------------------------------- configurations
-def table1_config(method: Method, intercept: bool, clusters: int, scale: Scale) -> RunConfig:
-    model = INTERCEPT if intercept else SLOPE
-    return RunConfig(
-        strategy=method.strategy,
-        strategy_args=dict(method.args),
-        dataset="regression",
-        dataset_args={
-            "num_clusters": clusters,
-            "intercept": intercept,
-            "examples_per_client": scale.t1_examples,
-            "theta_scale": T1_THETA_SCALE[model],
-        },
-        test_fraction=0.2,
-        model="linreg",
-        num_clients=scale.t1_clients,
-        per_round=scale.per_round,
-        rounds=scale.t1_rounds,
-        local_steps=10,
-        batch_size=100,
-        lr=0.01,
-        prox_mu=method.prox_mu,
-        eval_every=scale.t1_eval_every,
-        data_seed=None,  # each seed draws its own data, the same for every method
-    )
-
-
-def image_config(method: Method, dataset: str, scale: Scale, data_path: str | None) -> RunConfig:
-    is_mnist = dataset == "mnist"
-    return RunConfig(
-        strategy=method.strategy,
-        strategy_args=dict(method.args),
-        dataset=dataset,
-        data_path=data_path,
-        partition="dirichlet:0.1",
-        test_fraction=0.2,
-        model="mlp" if is_mnist else "cnn",
-        model_args={"hidden": scale.hidden} if is_mnist else {},
-        num_clients=scale.clients,
-        per_round=scale.per_round,
-        rounds=scale.rounds_of(dataset),
-        local_steps=scale.local_steps,
-        local_epochs=scale.local_epochs,
-        batch_size=scale.batch_size,
-        lr=scale.lr,
-        prox_mu=method.prox_mu,
-        eval_every=scale.eval_every,
-        data_seed=0,  # one partition; seeds vary the model, the draws and the training noise
-    )
-
-
-def table1_settings() -> list[tuple[str, str, str, bool, int]]:
-    """(setting, model, heterogeneity, intercept, clusters)."""
-    return [
-        (f"table1 {'D=2' if icpt else 'D=1'} {het}", model, het, icpt, j)
-        for model, icpt in ((SLOPE, False), (INTERCEPT, True))
-        for het, j in (("IID", 1), ("Non-IID", 2))
-    ]
-
-
-# ----------------------------------------------------------------------------- reading
-FINAL_MSE = "final_client_test_mse"
-MSE_PCT = "mse_pct_of_fedavg"
-
-
-class BoltStudy(Study):
-    """A :class:`Study` that also reads the final client-averaged test MSE (``FINAL_MSE``,
-    from the last evaluation record) and that MSE as a percentage of FedAvg's on the same seed
-    (``MSE_PCT``)."""
-
-    def values(self, setting: str, label: str, metric: str) -> dict[int, float]:
-        if metric == FINAL_MSE:
-            out = {}
-            for r in self.runs(setting, label):
-                v = r.records[-1].get("client_test_loss_mean") if r.records else None
-                if v is not None and math.isfinite(v):
-                    out[r.seed] = float(v)
-            return out
-        if metric == MSE_PCT:
-            x, base = (
-                self.values(setting, label, FINAL_MSE),
-                self.values(setting, FEDAVG, FINAL_MSE),
-            )
-            return {s: 100.0 * v / base[s] for s, v in x.items() if base.get(s, 0) > 0}
-        return super().values(setting, label, metric)
-
-
-DIAGNOSTIC_KEYS = (
-    "law_entropy_ratio",
-    "law_max_over_uniform",
-    "coalition_entropy_ratio",
-    "coalition_max_over_uniform",
-    "coalition_sizes",
-    "logit_spread",
-    "ari_dominant_label",
-    "ari_previous_round",
-    "kept",
-    "top_mass",
-    "soft_entropy_ratio",
-)
-
-
-def diagnostics_after(study: Study, setting: str, label: str, after: int) -> dict[str, Any]:
-    """Per diagnostic: each seed's mean over the evaluation chunks that start at or after
-    round ``after`` (arrays element-wise) and its final ``never_picked``, then the mean over
-    seeds; each seed's values go into ``per_seed.json`` (:meth:`Study.per_seed_means`), which
-    gives these means back."""
-    by_seed: dict[int, dict[str, Any]] = {}
-    for r in study.runs(setting, label):
-        rows = [
-            e["diagnostics"]
-            for i, e in enumerate(r.records)
-            if (r.records[i - 1]["round"] if i else 0) >= after and e.get("diagnostics")
-        ]
-        mine: dict[str, Any] = {}
-        for k in DIAGNOSTIC_KEYS:
-            values = [np.asarray(d[k], np.float64) for d in rows if k in d]
-            if values:
-                mean = np.mean(values, axis=0)
-                mine[k] = float(mean) if mean.ndim == 0 else mean.tolist()
-        last = r.records[-1].get("diagnostics") if r.records else None
-        if last and last.get("never_picked") is not None:
-            mine["never_picked"] = float(last["never_picked"])
-        by_seed[r.seed] = mine
-    return study.per_seed_means(setting, label, by_seed)
-
-
-def diagnostics_text(d: dict[str, Any]) -> list[str]:
-    """Table cells: law entropy ratio, law max / uniform, mean coalition entropy ratio, largest
-    coalition max / uniform, logit spread, ARI vs dominant label, largest / smallest coalition,
-    never picked."""
-
-    def f(key, fn=lambda v: v, digits=3):
-        v = d.get(key)
-        return "-" if v is None else f"{fn(v):.{digits}f}"
-
-    return [
-        f("law_entropy_ratio"),
-        f("law_max_over_uniform", digits=2),
-        f("coalition_entropy_ratio", np.mean),
-        f("coalition_max_over_uniform", np.max, 2),
-        f("logit_spread", digits=3),
-        f("ari_dominant_label"),
-        "-"
-        if d.get("coalition_sizes") is None
-        else f"{d['coalition_sizes'][0]:.1f} / {d['coalition_sizes'][-1]:.1f}",
-        f("never_picked", digits=1),
-    ]
-
-
-DIAG_HEADER = [
-    "law H ratio",
-    "law max/unif",
-    "coalition H ratio",
-    "max coalition max/unif",
-    "logit spread",
-    "ARI vs label",
-    "largest / smallest coalition",
-    "never picked",
-]
-
-
-# ----------------------------------------------------------------------------- claims
-def table1_claims() -> list[Claim]:
-    out = []
-    for setting, model, het, _, _ in table1_settings():
-        p = PAPER_TABLE1[(model, het)]
-        pct = 100.0 * p[BOLT][0] / p[FEDAVG][0]
-        out.append(
-            Claim(
-                f"Table 1 {model}, {het}: MSE (% of FedAvg's)",
-                setting,
-                BOLT,
-                FEDAVG,
-                MSE_PCT,
-                round(pct - 100.0, 2),
-                round(pct, 2),
-                higher_is_better=False,
-                scale=1.0,
-                note="MSE relative to FedAvg's on the same seed (data scale-free)",
-            )
-        )
-    return out
-
-
-def image_claims(dataset: str, tables: tuple[str, ...]) -> list[Claim]:
-    """Table 2's claims (FedCVR-Bolt against each baseline) when ``"2"`` is in ``tables``, and
-    Table 4's (the RBF kernel against each other kernel) when ``"4"`` is, on ``dataset``."""
-    out = []
-    if "2" in tables:
-        paper = PAPER_TABLE2[dataset]
-        out += [
-            Claim(
-                f"Table 2 {dataset}: accuracy",
-                dataset,
-                BOLT,
-                base,
-                "final_client_test_accuracy_mean",
-                round(paper[BOLT][0] - paper[base][0], 2),
-                paper[BOLT][0],
-            )
-            for base in (FEDAVG, "Active FL", "FedProx", "IFCA")
-        ]
-    if "4" in tables and dataset in PAPER_TABLE4:
-        p4 = PAPER_TABLE4[dataset]
-        out += [
-            Claim(
-                f"Table 4 {dataset}: RBF kernel vs {label}",
-                dataset,
-                BOLT,
-                label,
-                "final_client_test_accuracy_mean",
-                round(p4["rbf"] - p4[kernel], 2),
-                p4["rbf"],
-            )
-            for kernel, label in KERNEL_LABELS.items()
-        ]
-    return out
-
-
-MECHANISM_PAIRS = (
-    (BETA0, FEDAVG, "coalitions (beta = 0) vs uniform"),
-    (BOLT, BETA0, "Boltzmann draw (beta = 1) vs beta = 0"),
-    (SCALE_FREE, BETA0, "scale-free beta = 1 (ours) vs beta = 0"),
-    ("Active FL", AFL_LITERAL, "Active FL: every valuation fresh vs participants only"),
-)
-
-
-def mechanism_rows(
-    study: Study, setting: str, metric: str, scale: float, ran: set[tuple[str, str]]
-) -> list[dict]:
-    """Paired differences of the mechanism pairs that ran (no claim of the paper)."""
-    rows = []
-    for label, base, what in MECHANISM_PAIRS:
-        if (setting, label) not in ran or (setting, base) not in ran:
-            continue
-        if not set(study.values(setting, label, metric)) & set(study.values(setting, base, metric)):
-            continue
-        st = study.per_seed_stat(setting, label, metric, scale, baseline=base, test=True)
-        rows.append({"setting": setting, "pair": what, "method": label, "baseline": base, **st})
-    return rows
-
-
-def mechanism_table(rows: list[dict], unit: str) -> str:
-    def f(v):
-        return "-" if v is None else f"{v:+.2f}"
-
-    return markdown_table(
-        ["pair", "seeds", f"diff ({unit}) [95% CI]", "p", "win rate"],
-        [
-            [
-                r["pair"],
-                str(r["pairs"]),
-                f"{f(r['diff'])} [{f(r['diff_ci_low'])}, {f(r['diff_ci_high'])}]",
-                "-" if r["p_value"] is None else f"{r['p_value']:.3f}",
-                f"{r['win_rate']:.2f}",
-            ]
-            for r in rows
-        ],
-    )
-
-
-# ----------------------------------------------------------------------------- data
-def image_data_path(name: str, scale: Scale, out: Path, data_dir) -> str | None:
-    """The data file of ``name`` at this scale; a :class:`ConfigError` says what is missing."""
-    if scale.fraction < 1.0:  # one folder per fraction: a file is never reused at another
-        where = out / "data" / f"fraction{scale.fraction:g}"
-        return str(subsampled_npz(name, scale.fraction, where, data_dir))
-    loaders.load_image_dataset(name, data_dir)  # fails early, naming the file
-    return None if data_dir is None else str(data_dir)
 
 
 # ----------------------------------------------------------------------------- the study
@@ -649,7 +273,7 @@ def run(
                 rows,
             ),
         )
-        claims += table1_claims()
+        claims += table1_claims(table1_settings())
         plot_table1(study, out / "table1_mse_pct.png", scale.warmup)
     for name in image_sets:
         paper = PAPER_TABLE2.get(name, {})

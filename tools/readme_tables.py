@@ -3,8 +3,8 @@
 Each block is wrapped in ``<!-- numbers: FILES -->`` so ``tests/test_docs.py`` checks every
 number in it against those files::
 
-    python benchmarks/readme_tables.py            # every block, one after another
-    python benchmarks/readme_tables.py throughput # one block by name
+    python tools/readme_tables.py            # every block, one after another
+    python tools/readme_tables.py throughput # one block by name
 """
 
 from __future__ import annotations

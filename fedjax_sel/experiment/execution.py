@@ -38,6 +38,20 @@ class Execution:
             raise ConfigError(f"only_seeds must be seeds >= 0, got {self.only_seeds!r}")
 
 
+def parse_seeds_together(value: str | None) -> int | str | None:
+    """The command line's ``--seeds-together`` text: ``auto``, a number, or ``None`` (not
+    given: a sweep or suite file's own)."""
+    if value is None or value == "auto":
+        return value
+    try:
+        together = int(value)
+    except ValueError:
+        together = 0
+    if together < 1:
+        raise ConfigError(f"--seeds-together must be 'auto' or a positive number, got {value!r}")
+    return together
+
+
 class SeedsRunOnly(Exception):  # noqa: N818 (a stop, not an error)
     """Raised by :meth:`Study.run` once the ``only_seeds`` runs are done: the reproduction
     stops before aggregating (it has only some seeds of every configuration)."""

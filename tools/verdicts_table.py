@@ -1,10 +1,10 @@
 """The verdict tables: every claim of every reproduction run, from the committed
 ``benchmarks/results/reproduce/<paper>/<profile>-<size>/verdicts.json`` files.
 
-    python benchmarks/verdicts_table.py            # every claim (the table of docs/verdicts.md)
-    python benchmarks/verdicts_table.py --write    # rewrites docs/verdicts.md and summary.json
-    python benchmarks/verdicts_table.py --summary  # counts per paper and profile (README)
-    python benchmarks/verdicts_table.py --runs     # each run's wall time and machine
+    python tools/verdicts_table.py            # every claim (the table of docs/verdicts.md)
+    python tools/verdicts_table.py --write    # rewrites docs/verdicts.md and summary.json
+    python tools/verdicts_table.py --summary  # counts per paper and profile (README)
+    python tools/verdicts_table.py --runs     # each run's wall time and machine
 
 A claim measured in several folders of one paper, profile and size (a table rerun with more
 seeds) is counted once in the summary, by the folder with the most seeds; the table lists every
@@ -24,7 +24,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from fedjax_sel.reproduce.common import holm_verdicts
+from fedjax_sel.experiment.verdicts import holm_verdicts
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "reproduce"
@@ -227,7 +227,7 @@ def summary_json() -> dict:
             "size_over_paper": ratios,
         }
     return {
-        "written_by": "python benchmarks/verdicts_table.py --write",
+        "written_by": "python tools/verdicts_table.py --write",
         "families": families,
         "folders": folders,
     }
@@ -360,7 +360,7 @@ def table(files: list[str], lines: list[str]) -> str:
 
 DOCS_PAGE = """# Verdicts: every claim we tested, as run
 
-Written by `python benchmarks/verdicts_table.py --write` from the committed
+Written by `python tools/verdicts_table.py --write` from the committed
 `benchmarks/results/reproduce/<paper>/<profile>-<size>/verdicts.json` (each run by
 `fedjax-sel reproduce NAME --profile PROFILE --size SIZE`), and with it
 `benchmarks/results/reproduce/summary.json`: the counts of the README's summary, each folder's

@@ -2,7 +2,7 @@
 target at once, with paired seeds and verdicts (*SP-CACW: Convergence-Aware Client Weighting for
 Selfish Personalized Learning*, arXiv 2606.29322).
 
-Every run goes through the experiment layer: a :class:`~fedjax_sel.reproduce.common.Study` of
+Every run goes through the experiment layer: a :class:`~fedjax_sel.experiment.study.Study` of
 ``RunConfig(mode="personalized", strategy=<method>, strategy_args={...})`` cells, one per
 method, setting and seed (finished cells of the same configuration are reused, interrupted
 ones resume).
@@ -46,18 +46,15 @@ import numpy as np
 from fedjax_sel.base import ConfigError
 from fedjax_sel.config import RunConfig
 from fedjax_sel.data import loaders
-from fedjax_sel.experiment.compare import mean_ci, mean_curves
+from fedjax_sel.experiment.compare import mean_curves
+from fedjax_sel.experiment.execution import Execution
 from fedjax_sel.experiment.outputs import CONFIG, plot_curves, read_json, write_atomic, write_json
+from fedjax_sel.experiment.reproductions import output_dir, register_reproduction
+from fedjax_sel.experiment.stats import mean_ci
+from fedjax_sel.experiment.study import Study, check_profile_size, markdown_table
+from fedjax_sel.experiment.verdicts import Claim
 from fedjax_sel.personalized.results import result_from_records
-from fedjax_sel.reproduce import output_dir, register_reproduction
-from fedjax_sel.reproduce import sp_cacw_plots as plots
-from fedjax_sel.reproduce.common import (
-    Claim,
-    Execution,
-    Study,
-    check_profile_size,
-    markdown_table,
-)
+from studies import sp_cacw_plots as plots
 
 PARTS = ("mnist_permute", "mnist_rotate", "shakespeare", "cifar100", "ablation")
 METHODS = ("sp_cacw", "local", "fedavg", "uniform", "oracle", "similarity", "ifca")

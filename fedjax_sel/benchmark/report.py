@@ -1,0 +1,302 @@
+"""The selection benchmark's report: from the document :func:`fedjax_sel.benchmark.
+leaderboard.build` computes, the files of an output folder and the docs page.
+
+Writes ``leaderboard.json`` (``rows``, ``ranking``, ``scenarios``, ``tuned_lr``, ``coverage``,
+``runs``), ``leaderboard.csv`` (the rows), ``leaderboard.md``, ``ranking.json``,
+``heatmap.png`` (paired differences of stable accuracy against the baseline, Holm-significant
+cells starred), ``heatmap_<metric>.png`` for each other headline metric, and ``ranking.png``;
+the docs page and the README's block are :mod:`fedjax_sel.benchmark.page`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedjax_sel.benchmark.leaderboard import DEADLINE_BOUNDS, ROW_KEYS, build
+from fedjax_sel.benchmark.suite import Suite
+from fedjax_sel.experiment.metric_table import (
+    TARGET_METRICS,
+    higher_is_better,
+    is_accuracy,
+)
+from fedjax_sel.experiment.outputs import (
+    csv_text,
+    save_figure,
+    subplots,
+    write_atomic,
+    write_json,
+)
+from fedjax_sel.experiment.records import read_invocations
+
+
+# ----------------------------------------------------------------------------- text
+def fmt(metric: str, v: float | None, *, signed: bool = False) -> str:
+    """Accuracies in percent (differences in percentage points), seconds and rounds as they
+    are, other metrics to 3 decimals."""
+    if v is None:
+        return "-"
+    if is_accuracy(metric):  # the client spread included: a standard deviation of accuracies
+        return f"{100 * v:+.2f}" if signed else f"{100 * v:.2f}"
+    if metric in TARGET_METRICS:
+        return f"{v:+.0f}" if signed else f"{v:.0f}"
+    return f"{v:+.3f}" if signed else f"{v:.3f}"
+
+
+def _interval(metric: str, lo, hi, signed: bool = False) -> str:
+    if lo is None:
+        return ""
+    return f" [{fmt(metric, lo, signed=signed)}, {fmt(metric, hi, signed=signed)}]"
+
+
+def ranking_table(doc: Mapping[str, Any]) -> str:
+    lines = [
+        "| rank | strategy | mean rank [95% bootstrap CI] | cells |",
+        "|---:|---|---|---:|",
+    ]
+    for i, r in enumerate(doc["ranking"], 1):
+        lines.append(
+            f"| {i} | {r['strategy']} | {r['mean_rank']:.2f} [{r['ci_low']:.2f}, "
+            f"{r['ci_high']:.2f}] | {r['cells']} |"
+        )
+    return "\n".join(lines)
+
+
+def markdown(doc: Mapping[str, Any], images: str = "") -> str:
+    """The leaderboard as Markdown (``images``: the folder prefix of its pictures)."""
+    rows = doc["rows"]
+    cov = doc["coverage"]
+    run = cov["cells"] - cov["not_applicable"]
+    lines = [
+        f"Suite `{doc['suite']}`: {len(doc['seeds'])} paired evaluation seeds per cell, "
+        f"baseline `{doc['baseline']}`; {cov['finished']} of {run} applicable cells finished"
+        + (
+            " (partial: the same command resumes it, and the ranking covers only the task and "
+            "scenario cells whose every strategy has every seed)"
+            if cov["finished"] < run
+            else ""
+        )
+        + f". Stable accuracy is the {doc['stable_accuracy']}. Accuracies in %, differences "
+        "in percentage points; p: paired t-test; p Holm: adjusted over every comparison of the "
+        "metric in the suite; win: share of seeds on which the strategy beats the baseline.",
+        "",
+    ]
+    if doc["ranking"]:
+        ranked = ", ".join(f"{s}: {m}" for s, m in doc["ranked_metric"].items())
+        lines += [
+            f"### Overall ranking (ranked metric per scenario: {ranked})",
+            "",
+            ranking_table(doc),
+            "",
+            f"![ranking]({images}ranking.png)",
+            "",
+            f"![paired differences]({images}heatmap.png)",
+            "",
+        ]
+    if doc["scenarios"]:
+        lines += [
+            "### Deadlines",
+            "",
+            "| task | scenario | deadline (s) | rounds cut, baseline | rounds cut, all | "
+            "configured well (5-95%) |",
+            "|---|---|---:|---:|---:|---|",
+        ]
+        for s in doc["scenarios"]:
+            share = s["deadline_hit_share_baseline"]
+            lines.append(
+                f"| {s['task']} | {s['scenario']} | {s['deadline_s']} | "
+                f"{'-' if share is None else f'{100 * share:.0f}%'} | "
+                f"{100 * s['deadline_hit_share_all']:.0f}% | "
+                f"{'yes' if s['configured_well'] else 'NO'} |"
+            )
+        lines.append("")
+    cells = list(dict.fromkeys((r["task"], r["scenario"]) for r in rows))
+    for task, scenario in cells:
+        part = [r for r in rows if r["task"] == task and r["scenario"] == scenario]
+        headline = doc["headline"][scenario]
+        shown = [headline] + (["stable_accuracy"] if headline != "stable_accuracy" else [])
+        shown += [
+            m for m in ("final_accuracy", "jain_fairness", "client_accuracy_std") if m not in shown
+        ]
+        lines += [
+            f"### {task} / {scenario}",
+            "",
+            "| strategy | metric | seeds | mean [95% CI] | diff [95% CI] | p | p Holm | win |",
+            "|---|---|---:|---|---|---:|---:|---:|",
+        ]
+        for metric in shown:
+            for r in (r for r in part if r["metric"] == metric):
+                n = r["seeds"] if r.get("reached") is None else r["reached"]
+                mean = fmt(metric, r["mean"]) + _interval(metric, r["ci_low"], r["ci_high"])
+                diff = "-"
+                if r["diff"] is not None:
+                    diff = fmt(metric, r["diff"], signed=True) + _interval(
+                        metric, r["diff_ci_low"], r["diff_ci_high"], signed=True
+                    )
+                star = "**" if r["p_holm"] is not None and r["p_holm"] < 0.05 else ""
+                p = "-" if r["p_value"] is None else f"{r['p_value']:.3f}"
+                ph = "-" if r["p_holm"] is None else f"{star}{r['p_holm']:.3f}{star}"
+                win = "-" if r["win_rate"] is None else f"{r['win_rate']:.2f}"
+                lines.append(
+                    f"| {r['strategy']} | {metric} | {n} | {mean} | {diff} | {p} | {ph} | {win} |"
+                )
+        na = [r for r in part if not r["applicable"]]
+        if na:
+            lines.append("")
+            lines += [f"- not applicable: **{r['strategy']}**: {r['reason']}" for r in na]
+        lines.append("")
+    if any(doc["tuned_lr"].values()):
+        t = doc["tuning"]
+        lines += [
+            "### Tuned client learning rates",
+            "",
+            f"Chosen per task and strategy from {t['lr']} on tuning seeds {t['seeds']} "
+            f"(scenario `{t['scenario']}`, metric `{t['metric']}`), never used for the "
+            "comparison.",
+            "",
+            "| task | " + " | ".join(e for e in _labels(doc)) + " |",
+            "|---|" + "---:|" * len(_labels(doc)),
+        ]
+        for task, chosen in doc["tuned_lr"].items():
+            by_label = {k.split("/", 1)[1]: v for k, v in chosen.items()}
+            lines.append(
+                f"| {task} | "
+                + " | ".join(
+                    "-" if by_label.get(e) is None else f"{by_label[e]:g}" for e in _labels(doc)
+                )
+                + " |"
+            )
+        lines.append("")
+    if doc["notes"]:
+        lines += ["### Strategy settings", ""]
+        lines += [f"- **{k}**: {v}" for k, v in doc["notes"].items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _labels(doc: Mapping[str, Any]) -> list[str]:
+    return list(dict.fromkeys(r["strategy"] for r in doc["rows"]))
+
+
+# ----------------------------------------------------------------------------- pictures
+def plot_heatmap(doc: Mapping[str, Any], metric: str, path: Path) -> Path | None:
+    """Paired differences against the baseline, strategies x task/scenario; cells whose
+    Holm-adjusted p is below 0.05 are starred, cells where a strategy does not run are grey.
+    Accuracy metrics in percentage points, others relative to the baseline's mean (%)."""
+    rows = [r for r in doc["rows"] if r["metric"] in (metric, "*")]
+    cols = list(
+        dict.fromkeys(f"{r['task']}/{r['scenario']}" for r in rows if r["metric"] == metric)
+    )
+    labels = [x for x in _labels(doc) if x != doc["baseline"]]
+    if not cols or not labels:
+        return None
+    base_mean = {
+        f"{r['task']}/{r['scenario']}": r["mean"]
+        for r in rows
+        if r["strategy"] == doc["baseline"] and r["metric"] == metric
+    }
+    grid = np.full((len(labels), len(cols)), np.nan)
+    text = [["" for _ in cols] for _ in labels]
+    for r in rows:
+        col = f"{r['task']}/{r['scenario']}"
+        if r["strategy"] not in labels or col not in cols:
+            continue
+        i, j = labels.index(r["strategy"]), cols.index(col)
+        if not r["applicable"]:
+            text[i][j] = "n/a"
+            continue
+        if r["diff"] is None:
+            continue
+        if is_accuracy(metric):
+            v = 100 * r["diff"]
+        else:
+            b = base_mean.get(col)
+            v = 100 * r["diff"] / abs(b) if b else np.nan
+        grid[i, j] = v if higher_is_better(metric) else -v
+        star = "*" if r["p_holm"] is not None and r["p_holm"] < 0.05 else ""
+        text[i][j] = f"{(100 * r['diff'] if is_accuracy(metric) else v):+.1f}{star}"
+    fig, ax = subplots(1, 1, figsize=(1.3 * len(cols) + 3, 0.4 * len(labels) + 2))
+    limit = np.nanmax(np.abs(grid)) if np.any(np.isfinite(grid)) else 1.0
+    image = ax.imshow(grid, cmap="RdBu", vmin=-limit, vmax=limit, aspect="auto")
+    ax.set_facecolor("#dddddd")
+    ax.set_xticks(range(len(cols)), cols, rotation=30, ha="right")
+    ax.set_yticks(range(len(labels)), labels)
+    for i in range(len(labels)):
+        for j in range(len(cols)):
+            if text[i][j]:
+                ax.text(j, i, text[i][j], ha="center", va="center", fontsize=7)
+    unit = "percentage points" if is_accuracy(metric) else "% of the baseline's mean"
+    ax.set_title(
+        f"{metric}: paired difference against {doc['baseline']} ({unit}); "
+        "* Holm p < 0.05; blue = better",
+        fontsize=9,
+    )
+    fig.colorbar(image, ax=ax, shrink=0.8)
+    fig.tight_layout()
+    return save_figure(fig, path, dpi=110)
+
+
+def plot_ranking(doc: Mapping[str, Any], path: Path) -> Path | None:
+    ranking = doc["ranking"]
+    if not ranking:
+        return None
+    fig, ax = subplots(1, 1, figsize=(7, 0.35 * len(ranking) + 1.5))
+    ys = np.arange(len(ranking))[::-1]
+    means = np.array([r["mean_rank"] for r in ranking])
+    lo = means - np.array([r["ci_low"] for r in ranking])
+    hi = np.array([r["ci_high"] for r in ranking]) - means
+    ax.errorbar(means, ys, xerr=[lo, hi], fmt="o", capsize=3)
+    ax.set_yticks(ys, [r["strategy"] for r in ranking])
+    ax.set_xlabel("mean rank over tasks and scenarios (1 = best), 95% bootstrap CI over seeds")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return save_figure(fig, path, dpi=110)
+
+
+def machine_text(run: Mapping[str, Any]) -> str:
+    """An invocation's machine in a line (records before the one ``machine_info`` named the CPU
+    ``cpu`` and its count ``cores``)."""
+    cpu = run.get("cpu_model", run.get("cpu"))
+    cores = run.get("cpu_count", run.get("cores"))
+    return f"`{cpu}` ({cores} cores, {run['backend']})"
+
+
+def invocations(out: str | Path) -> list[dict[str, Any]]:
+    """The suite's invocations that ran cells (``OUT/invocations.json``): machine and wall
+    seconds of each."""
+    return [e for e in read_invocations(Path(out)) if e.get("cells_run")]
+
+
+def write(
+    suite: Suite,
+    out: str | Path,
+    *,
+    echo: Callable | None = print,
+) -> dict[str, Any]:
+    """Builds the leaderboard of ``out`` and writes its files (module docstring)."""
+    out = Path(out)
+    doc = build(suite, out)
+    doc["runs"] = invocations(out)
+    write_json(out / "leaderboard.json", doc)
+    write_json(out / "ranking.json", doc["ranking"])
+    write_atomic(out / "leaderboard.csv", csv_text(doc["rows"], list(ROW_KEYS)))
+    write_atomic(out / "leaderboard.md", markdown(doc) + "\n")
+    plot_heatmap(doc, "stable_accuracy", out / "heatmap.png")
+    for metric in sorted(set(doc["headline"].values()) - {"stable_accuracy"}):
+        plot_heatmap(doc, metric, out / f"heatmap_{metric}.png")
+    plot_ranking(doc, out / "ranking.png")
+    if echo is not None:
+        for s in doc["scenarios"]:
+            if not s["configured_well"]:
+                echo(
+                    f"warning: {s['task']}/{s['scenario']}: the deadline cuts "
+                    f"{s['deadline_hit_share_baseline']} of the baseline's rounds (outside "
+                    f"{DEADLINE_BOUNDS}): the scenario is misconfigured"
+                )
+        if doc["ranking"]:
+            echo(ranking_table(doc))
+        echo(f"leaderboard written to {out}/ (leaderboard.json/csv/md, ranking.png, heatmap.png)")
+    return doc
