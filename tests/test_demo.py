@@ -19,6 +19,13 @@ def test_demo_prints_paired_intervals_of_its_own_runs(tmp_path, capsys):
                  "--no-progress"]) == 0  # fmt: skip
     printed = capsys.readouterr().out
     assert "3 paired seeds per strategy" in printed
+    # equal budget: every strategy trained 5 clients in each of its 2 rounds
+    assert "5 clients trained a round, 10 client updates in all" in printed
+    for label in ("uniform", "power_of_choice", "active_fl"):
+        for s in range(3):
+            log = tmp_path / "runs" / "default" / label / f"seed{s}" / "metrics.jsonl"
+            records = [json.loads(line) for line in log.read_text().splitlines()]
+            assert all(len(set(r)) == 5 for e in records for r in e["selected"]), label
     rows = json.loads((tmp_path / "comparison.json").read_text())
     assert {r["metric"] for r in rows} == {"final_accuracy", "stable_accuracy"}
     assert (tmp_path / "comparison.png").is_file()
@@ -31,7 +38,7 @@ def test_demo_prints_paired_intervals_of_its_own_runs(tmp_path, capsys):
         ])  # fmt: skip
 
     base = final("uniform")
-    for label in ("power_of_choice", "full"):
+    for label in ("power_of_choice", "active_fl"):
         diff = final(label) - base
         row = next(r for r in rows if r["strategy"] == label and r["metric"] == "final_accuracy")
         half = stats.t.ppf(0.975, 2) * diff.std(ddof=1) / np.sqrt(3)

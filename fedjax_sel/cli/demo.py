@@ -1,5 +1,5 @@
-"""``fedjax-sel demo``: a paired comparison of three strategies on the embedded digits data,
-under a minute on a CPU."""
+"""``fedjax-sel demo``: a paired comparison of three selection rules at the same budget on the
+embedded digits data, under a minute on a CPU."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Declares ``demo`` and its flags."""
     p = sub.add_parser(
-        "demo", help="paired comparison of three strategies on embedded data (< 1 min CPU)"
+        "demo", help="three selection rules at equal budget on embedded data (< 1 min CPU)"
     )
     p.add_argument("--out", default="runs/demo", help="output folder")
     p.add_argument("--rounds", type=int, default=40)
