@@ -281,6 +281,35 @@ def test_records_carry_config_and_batch_and_a_rerun_gives_byte_identical_records
             assert [h["lr"] for h in batch["hparams"]] == [0.1, 0.3]
 
 
+def test_a_not_applicable_strategys_leftover_records_count_nowhere(tiny, tmp_path):
+    """A record left in per_seed/ for a cell the suite does not run (``full`` is not
+    applicable in ``devices``; the committed digits file held 72 such IFCA/FeSEM records) adds
+    nothing to the scenario's deadline statistics."""
+    path, res = tiny
+    suite = suite_lib.load_suite(path)
+    (tmp_path / "per_seed").mkdir()
+    records = json.loads((res / "per_seed" / "digits.json").read_text())
+    applicable = [
+        r["metrics"]["deadline_hit_share"]
+        for r in records["cells"]
+        if r["phase"] == "eval" and r["scenario"] == "devices"
+    ]
+    (a_cell,) = [
+        r for r in records["cells"]
+        if r["phase"] == "eval" and r["scenario"] == "devices" and r["strategy"] == "uniform"
+        and r["seed"] == 0
+    ]  # fmt: skip
+    leftover = dict(a_cell, strategy="full")
+    leftover["metrics"] = dict(a_cell["metrics"], deadline_hit_share=1.0)
+    records["cells"].append(leftover)
+    (tmp_path / "per_seed" / "digits.json").write_text(json.dumps(records))
+    doc = leaderboard.build(suite, tmp_path)
+    (devices,) = [s for s in doc["scenarios"] if s["task"] == "digits"]
+    assert devices["deadline_hit_share_all"] == pytest.approx(np.mean(applicable))
+    assert not any(r["strategy"] == "full" and r["scenario"] == "devices" for r in doc["rows"]
+                   if r.get("mean") is not None)  # fmt: skip
+
+
 def test_not_applicable_by_cell_task_scenario_or_everywhere():
     entry = suite_lib.Entry(
         "x", {}, not_applicable={"digits/ideal": "a", "synthetic": "b", "devices": "c"}

@@ -121,9 +121,10 @@ def build(suite: Suite, out: str | Path) -> dict[str, Any]:
                     row = _row(task.name, scenario.name, entry.label, metric, mine, base, suite)
                     if row is not None:
                         rows.append(row)
-            shares = [
+            shares = [  # a not-applicable strategy's leftover records are no cell of it
                 v
                 for e in suite.strategies
+                if e.reason(task.name, scenario.name) is None
                 for r in per_seed(store, scenario.name, e.label, suite.seeds).values()
                 if (v := _value(r, "deadline_hit_share")) is not None
             ]
