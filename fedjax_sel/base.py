@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 
 Array = jax.Array
 PRNGKey = jax.Array
@@ -81,6 +82,62 @@ class TrainResult(NamedTuple):
     update_norm: Any = None
 
 
+class ClientWork(NamedTuple):
+    """What a strategy asked of clients in ``select`` beyond the round's training of the slots
+    it keeps, per client (float32[K] each): the benchmark's cost axes and the virtual clock
+    charge it (``docs/time.md``, "Oracle work"). Build it with :func:`client_work`.
+
+    Attributes:
+      forward_examples: examples each client passed forward for the strategy (loss queries:
+        Power-of-Choice's candidates, every client's loss for HeteRo-Select).
+      train_steps: local SGD steps each client ran for the strategy besides its kept slot's
+        training (warm starts, filtering passes, probes whose update is not aggregated).
+      uploads: model-sized messages each client sent besides its kept slot's update (a scalar
+        loss is not counted).
+    """
+
+    forward_examples: Array
+    train_steps: Array
+    uploads: Array
+
+
+def client_work(
+    num_clients: int,
+    clients: Array,
+    active: Array | None = None,
+    *,
+    forward_examples: Array | float = 0.0,
+    train_steps: Array | float = 0.0,
+    uploads: Array | float = 0.0,
+) -> ClientWork:
+    """A :class:`ClientWork` over ``num_clients`` from per-slot amounts: slot ``i`` (where
+    ``active``) charges client ``clients[i]`` its ``forward_examples[i]`` (scalars broadcast),
+    ``train_steps[i]`` and ``uploads[i]``; repeated clients add up."""
+    clients = jnp.asarray(clients, jnp.int32)
+    on = jnp.ones(clients.shape, bool) if active is None else jnp.asarray(active, bool)
+
+    def scatter(amount) -> Array:
+        amount = jnp.broadcast_to(jnp.asarray(amount, jnp.float32), clients.shape)
+        per_slot = jnp.where(on, amount, 0.0)
+        return jnp.zeros((num_clients,), jnp.float32).at[clients].add(per_slot, mode="drop")
+
+    return ClientWork(scatter(forward_examples), scatter(train_steps), scatter(uploads))
+
+
+def loss_pass_work(num_examples: Array, asked: Array) -> ClientWork:
+    """The :class:`ClientWork` of a loss pass over each ``asked`` client's whole training set
+    (``num_examples``: int32[K]; ``asked``: bool[K])."""
+    k = num_examples.shape[0]
+    return client_work(k, jnp.arange(k), asked, forward_examples=num_examples)
+
+
+def add_work(a: ClientWork | None, b: ClientWork | None) -> ClientWork | None:
+    """The sum of two :class:`ClientWork` (``None``: none)."""
+    if a is None or b is None:
+        return a if b is None else b
+    return ClientWork(*(x + y for x, y in zip(a, b, strict=True)))
+
+
 class Selection(NamedTuple):
     """The outcome of ``Strategy.select``: ``per_round`` slots.
 
@@ -100,6 +157,9 @@ class Selection(NamedTuple):
         by the engine to ``law_entropy_ratio`` (entropy over the entropy of the uniform law on
         the available clients: 1 = uniform) and ``law_max_over_uniform`` (the largest
         probability times the number of available clients), and is not logged itself.
+      work: what the strategy asked of clients beyond training the kept slots
+        (:class:`ClientWork`), or ``None``: nothing. Training that ``train_result`` holds for
+        slots the round drops counts here too (FilFL's considered clients).
     """
 
     clients: Array
@@ -108,6 +168,7 @@ class Selection(NamedTuple):
     train_result: TrainResult | None = None
     diagnostics: dict[str, Array] | None = None
     timing: Any = None  # set by the engine: the system model's decisions for these slots
+    work: ClientWork | None = None
 
 
 class AvailabilityParams(NamedTuple):
@@ -263,7 +324,7 @@ class Strategy(NamedTuple):
         evaluation metrics logged at every evaluation (an :class:`Evaluator` is passed;
         clustered methods report the mean client accuracy under each client's own model).
       needs_system: the strategy reads ``RoundInputs.durations`` (a simulation without a
-        system model then uses the default device profile).
+        system model then gives every client the same speed, ``RoundSpec.create``).
       asynchronous: the strategy can pick who starts when a slot frees up in asynchronous FL
         (:mod:`fedjax_sel.engine.fedbuff`): its ``update`` reads only client-indexed feedback, so it
         accepts the arrivals of an event step as the "selection".

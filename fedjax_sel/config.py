@@ -149,6 +149,13 @@ class RunConfig:
         minimum=0,
         below=1,
     )
+    aggregation: Literal["strategy", "fedavg"] = setting(
+        "strategy",
+        "aggregation weights: strategy (each strategy's own) | fedavg (size-weighted FedAvg over "
+        "the kept slots whatever the strategy: only the choice of clients differs, the "
+        "benchmark's selection track)",
+        group=_S,
+    )
     asynchronous: str | None = setting(
         None,
         "asynchronous FL instead of rounds: fedbuff[:concurrency=C,buffer=B,alpha=0.5] "
@@ -384,6 +391,7 @@ PERSONALIZED_IGNORES = frozenset(
         "deadline",
         "overcommit",
         "dropout",
+        "aggregation",
         "local_epochs",
         "momentum",
         "weight_decay",

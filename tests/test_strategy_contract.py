@@ -62,6 +62,11 @@ VARIANTS = [
     ("delta", {"replace": False}),
     ("delta", {"sigma": "none", "weighting": "size"}),
     ("fedcbs", {"first": "sample", "repeats": 1}),
+    # the budget variants of the all-available methods (per_round of a uniform draw)
+    *(
+        (name, {"candidates": "uniform"})
+        for name in ("ca_fed", "unbiased", "adafed", "more_available")
+    ),
 ]
 CASES = [(name, {}) for name in sorted(STRATEGIES)] + VARIANTS
 

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_sel.base import Selection
+from fedjax_sel.engine.cost import round_cost
 from fedjax_sel.engine.fedbuff import FedBuff, SlotsState, schedule, staleness_weight
 from fedjax_sel.engine.log import RoundLog
 from fedjax_sel.engine.phases import (
@@ -106,6 +107,11 @@ def event_step(spec: RoundSpec, state: SimState, data: SimData) -> tuple[SimStat
         in_flight=jnp.sum(jnp.isfinite(new_slots.finish)),
     )
     none = jnp.zeros((), jnp.int32)
+    # the arrivals' training, and the strategy's oracle work of this pick (no clock charge:
+    # an asynchronous server does not wait for it)
+    cost = round_cost(
+        spec, data.train.counts, arr.client, arr.valid, result.num_steps, choice.selection.work
+    )
     return close_round(
         state,
         report,
@@ -114,6 +120,7 @@ def event_step(spec: RoundSpec, state: SimState, data: SimData) -> tuple[SimStat
         choice.eligible,
         diagnostics,
         Clock(t_end - state.sim_time, t_end, none, none),
+        cost,
         params=new_params,
         server_opt_state=server_state,
         availability_state=choice.availability_state,

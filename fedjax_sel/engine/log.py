@@ -28,6 +28,9 @@ class RoundLog(NamedTuple):
     sim_time: Array  # the virtual clock after the round
     dropped: Array  # selected slots that failed (dropout)
     stragglers: Array  # kept slots cut by the deadline (partial work)
+    client_updates: Array  # int32: model updates received (engine/cost.py: RoundCost)
+    uplink_bytes: Array  # float32: their bytes
+    client_flops: Array  # float32: clients' training and oracle work FLOPs
 
 
 def round_diagnostics(diagnostics: dict | None, available: Array, counts: Array) -> dict:

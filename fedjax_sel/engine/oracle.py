@@ -115,6 +115,17 @@ def evaluate(
         return _evaluate(spec, params, strategy_state, data, mesh)
 
 
+def bottom_tenth_mean(values: Array, has: Array) -> Array:
+    """The mean of the lowest ``ceil(n / 10)`` of ``values`` over the ``n`` entries where
+    ``has`` (0 when none): the bottom-10% client accuracy. Fixed shapes: the entries without
+    data sort last, and a mask on the rank keeps the lowest (``n`` traced)."""
+    n = jnp.sum(has.astype(jnp.int32))
+    take = (n + 9) // 10  # ceil(n / 10) in integers: 0.1 * n in float32 can round past it
+    ranked = jnp.sort(jnp.where(has, values, jnp.inf))
+    kept = jnp.arange(values.shape[0]) < take
+    return jnp.sum(jnp.where(kept, ranked, 0.0)) / jnp.maximum(take, 1)
+
+
 def _evaluate(spec: RoundSpec, params: Params, strategy_state, data: SimData, mesh) -> dict:
     scores = evaluator(spec, data, mesh)
     loss, acc = scores.central(params)
@@ -130,6 +141,8 @@ def _evaluate(spec: RoundSpec, params: Params, strategy_state, data: SimData, me
         out["client_test_accuracy_std"] = jnp.sqrt(
             jnp.sum(jnp.where(has, (acc_k - mean_acc) ** 2, 0.0)) / n
         )
+        # the worst-served clients: the mean accuracy of the lowest tenth of them
+        out["client_test_accuracy_bottom10"] = bottom_tenth_mean(acc_k, has)
     if spec.strategy.metrics is not None:
         out.update(spec.strategy.metrics(strategy_state, params, scores))
     return out

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_sel.base import Array, RoundFeedback, RoundInputs, Selection, TrainResult
+from fedjax_sel.engine.cost import RoundCost, round_cost, work_seconds
 from fedjax_sel.engine.log import RoundLog, round_diagnostics
 from fedjax_sel.engine.oracle import client_oracle
 from fedjax_sel.engine.spec import RoundSpec
@@ -57,11 +58,17 @@ def client_durations(spec: RoundSpec, state: SimState, data: SimData) -> tuple[A
 
 
 def apply_timing(
-    spec: RoundSpec, state: SimState, selection: Selection, system: tuple | None
+    spec: RoundSpec,
+    state: SimState,
+    selection: Selection,
+    system: tuple | None,
+    counts: Array,
 ) -> tuple[Selection, SlotTiming]:
     """Dropouts, over-commitment and the deadline applied to the selection; the kept
     slots' weights are rescaled to the total the strategy gave all its slots (the
-    received updates are averaged as the strategy intended)."""
+    received updates are averaged as the strategy intended). The round's duration includes
+    the seconds of the strategy's oracle work (:func:`~fedjax_sel.engine.cost.work_seconds`;
+    ``counts``: the clients' example counts)."""
     requested = selection.mask
     zero = jnp.zeros((), jnp.float32)
     none = jnp.zeros((), jnp.int32)
@@ -91,13 +98,21 @@ def apply_timing(
         keep = t.keep
         limit = None if spec.deadline is None else t.step_limit
         full = jnp.where(requested, compute[c] + comm[c], 0.0)
-        timing = SlotTiming(requested, limit, full, t.duration, t.dropped, t.stragglers)
+        # the strategy's oracle work (loss queries, warm starts) comes before the training
+        duration = t.duration + work_seconds(spec, selection.work, counts, compute, comm)
+        timing = SlotTiming(requested, limit, full, duration, t.dropped, t.stragglers)
     w = selection.weights
     total = jnp.sum(jnp.where(requested, w, 0.0))
     kept = jnp.sum(jnp.where(keep, w, 0.0))
     scale = jnp.where(kept > 0, total / jnp.where(kept > 0, kept, 1.0), 0.0)
     selection = selection._replace(mask=keep, weights=jnp.where(keep, w * scale, 0.0))
     return selection, timing
+
+
+def size_weights(counts: Array, selection: Selection) -> Array:
+    """FedAvg's weights over the selected slots: ``n_k / sum n`` (``aggregation = fedavg``)."""
+    raw = jnp.where(selection.mask, counts[selection.clients], 0).astype(jnp.float32)
+    return raw / jnp.maximum(jnp.sum(raw), 1e-12)
 
 
 class Choice(NamedTuple):
@@ -150,6 +165,8 @@ def choose(spec: RoundSpec, state: SimState, data: SimData, busy: Array | None =
         mask=selection.mask.astype(bool),
         weights=selection.weights.astype(jnp.float32),
     )
+    if spec.aggregation == "fedavg":
+        selection = selection._replace(weights=size_weights(data.train.counts, selection))
     return Choice(available, availability_state, eligible, system, selection, strategy_state)
 
 
@@ -160,7 +177,9 @@ def select_phase(
     timing (the kept slots and their weights), and who was online."""
     choice = choose(spec, state, data)
     with jax.named_scope("system"):
-        selection, timing = apply_timing(spec, state, choice.selection, choice.system)
+        selection, timing = apply_timing(
+            spec, state, choice.selection, choice.system, data.train.counts
+        )
     state = state.replace(
         strategy_state=choice.strategy_state, availability_state=choice.availability_state
     )
@@ -323,10 +342,11 @@ def close_round(
     eligible: Array,
     diagnostics: dict | None,
     clock: Clock,
+    cost: RoundCost,
     **changes: Any,
 ) -> tuple[SimState, RoundLog]:
     """The round's log and the state after it, from the report of the updates that arrived
-    (``changes``: the state's other new fields)."""
+    and the round's ``cost`` (``changes``: the state's other new fields)."""
     duration, sim_time, dropped, stragglers = clock
     log = RoundLog(
         round=state.round,
@@ -343,6 +363,9 @@ def close_round(
         sim_time=sim_time,
         dropped=dropped,
         stragglers=stragglers,
+        client_updates=cost.client_updates,
+        uplink_bytes=cost.uplink_bytes,
+        client_flops=cost.client_flops,
     )
     state = state.replace(
         round=state.round + 1,
@@ -398,6 +421,8 @@ def aggregate_phase(
             result.opt_states,
         )
     end = state.sim_time + timing.duration
+    counts = data.train.counts
+    cost = round_cost(spec, counts, selection.clients, mask, result.num_steps, selection.work)
     return close_round(
         state,
         rep,
@@ -406,6 +431,7 @@ def aggregate_phase(
         available,
         selection.diagnostics,
         Clock(timing.duration, end, timing.dropped, timing.stragglers),
+        cost,
         params=new_params,
         server_opt_state=server_state,
         client_opt_states=client_states,

@@ -18,6 +18,7 @@ from fedjax_sel.engine.fedbuff import FedBuff
 from fedjax_sel.engine.system import SystemModel, lognormal, model_kbit, overcommitted
 from fedjax_sel.models import Model
 from fedjax_sel.models.base import with_conv_impl
+from fedjax_sel.models.flops import example_flops
 from fedjax_sel.training.hparams import HParams
 from fedjax_sel.training.local import AUTO_PARALLEL, LocalConfig, Parallel, Trainer, make_trainer
 from fedjax_sel.training.server import ServerOptimizer, server_spec
@@ -63,6 +64,9 @@ def _check_asynchronous(
         )
 
 
+AGGREGATIONS = ("strategy", "fedavg")
+
+
 @struct.dataclass
 class RoundSpec:
     """What a round's program is built from (every field static: a spec holds no arrays).
@@ -84,7 +88,12 @@ class RoundSpec:
       persistent_client_state: clients keep their optimizer state between rounds.
       eval_batch_size: batch of the oracle's loss passes.
       kbit: the model's size in kilobits (communication time).
+      example_flops: FLOPs of one example's forward pass (the model's analytic count,
+        :func:`fedjax_sel.models.flops.forward_flops`; 0 for a model without a flax module):
+        the cost axes' client FLOPs (:mod:`fedjax_sel.engine.cost`).
       asynchronous: FedBuff's settings, or ``None`` for synchronous rounds.
+      aggregation: ``strategy`` (the strategy's own weights) or ``fedavg`` (size-weighted
+        FedAvg over the selected slots, whatever the strategy: the selection-only comparison).
     """
 
     model: Model = _static()
@@ -101,7 +110,9 @@ class RoundSpec:
     persistent_client_state: bool = _static(default=False)
     eval_batch_size: int = _static(default=1024)
     kbit: float = _static(default=0.0)
+    example_flops: float = _static(default=0.0)
     asynchronous: FedBuff | None = _static(default=None)
+    aggregation: str = _static(default="strategy")
 
     @classmethod
     def create(
@@ -124,6 +135,7 @@ class RoundSpec:
         overcommit: float = 1.0,
         dropout: float = 0.0,
         asynchronous: FedBuff | None = None,
+        aggregation: str = "strategy",
     ) -> RoundSpec:
         """Checks the settings against each other and the data set (each refusal names the
         setting that breaks it) and builds the spec: the trainer in the given parallelism,
@@ -151,8 +163,10 @@ class RoundSpec:
           n_max: the largest client any simulated data set holds (default: ``dataset``'s);
             larger when the data of several seeds run stacked.
           system: device profiles (:mod:`fedjax_sel.engine.system`): every round gets a
-            simulated duration and the virtual clock advances; ``None``: no time (strategies
-            that need durations, e.g. Oort, get the default log-normal profile).
+            simulated duration and the virtual clock advances; ``None``: no time, every
+            client equally fast (a strategy that reads durations, e.g. Oort, gets every
+            client at the log-normal profile's median speed: equal durations for equal work,
+            so its system utility is flat; its run then keeps that equal-speed clock).
           deadline: seconds after which a round stops waiting (stragglers contribute the local
             steps they finished; needs ``system``).
           overcommit: select ``ceil(per_round * overcommit)`` clients and keep the first
@@ -161,7 +175,10 @@ class RoundSpec:
           asynchronous: asynchronous FL instead of synchronous rounds
             (:class:`fedjax_sel.engine.fedbuff.FedBuff`; needs ``system``): a "round" is then
             one server update, its ``per_round`` the concurrency.
+          aggregation: ``strategy`` or ``fedavg`` (the class docstring).
         """
+        if aggregation not in AGGREGATIONS:
+            raise ConfigError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
         local.validate()
         k = dataset.num_clients
         if per_round < 1 or per_round > k:
@@ -208,8 +225,8 @@ class RoundSpec:
                 dropout,
                 persistent_client_state,
             )
-        if system is None and strategy.needs_system:
-            system = lognormal()
+        if system is None and strategy.needs_system:  # equal speeds, not a hidden profile
+            system = lognormal(sigma=0.0, bandwidth_sigma=0.0)
         if parallel.conv is not None:  # the spec's model is the one the trainer runs
             model = with_conv_impl(model, parallel.conv)
         trainer = make_trainer(
@@ -237,7 +254,13 @@ class RoundSpec:
             persistent_client_state=persistent_client_state,
             eval_batch_size=int(eval_batch_size),
             kbit=model_kbit(jax.eval_shape(model.init, jax.random.key(0))),
+            example_flops=example_flops(
+                model.module,
+                dataset.train.feature_shape,
+                "float32" if dataset.train.x_scale is not None else dataset.train.x.dtype,
+            ),
             asynchronous=asynchronous,
+            aggregation=aggregation,
         )
 
     def server_transform(self, hparams: HParams) -> optax.GradientTransformation:

@@ -114,6 +114,7 @@ def build_simulation(
         overcommit=config.overcommit,
         dropout=config.dropout,
         asynchronous=resolved.asynchronous,
+        aggregation=config.aggregation,
     )
     return Simulation(
         spec,

@@ -75,9 +75,18 @@ class Engine(Protocol):
         """The resolved settings for ``config.json``."""
 
 
+# the cost axes: running totals over the rounds so far in every evaluation record (a round's
+# own values: fedjax_sel/engine/cost.py)
+COST_FIELDS = ("client_updates", "uplink_bytes", "client_flops")
+
 # diagnostics that are running totals: a chunk reports its last round's value (the others: the
 # mean over the chunk's rounds)
 LAST_VALUE_DIAGNOSTICS = frozenset({"never_picked", "model_version"})
+
+
+def cost_totals(costs: dict[str, float]) -> dict[str, float | int]:
+    """A record's running cost totals (client updates as a whole number)."""
+    return {k: int(round(v)) if k == "client_updates" else float(v) for k, v in costs.items()}
 
 
 def chunk_fields(logs: RoundLog, index: int | None = None, timed: bool = False) -> dict[str, Any]:
@@ -107,6 +116,7 @@ def chunk_fields(logs: RoundLog, index: int | None = None, timed: bool = False) 
         "selected": [row[m].tolist() for row, m in zip(logs.clients, logs.mask, strict=True)],
         **timing,
         "_client_updates": int(np.sum(logs.num_selected)),
+        "_cost": {k: float(np.sum(np.asarray(getattr(logs, k), np.float64))) for k in COST_FIELDS},
         "_bad_round": int(logs.round[np.argmax(bad)]) if np.any(bad) else None,
     }
 
@@ -137,7 +147,10 @@ class Member:
     out: Path | None
     records: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     done: int = 0
-    client_updates: int = 0
+    client_updates: int = 0  # slots trained (throughput), not the cost axis below
+    costs: dict[str, float] = dataclasses.field(
+        default_factory=lambda: dict.fromkeys(COST_FIELDS, 0.0)
+    )
     train_seconds: float = 0.0
     chunks: list[list[float]] = dataclasses.field(default_factory=list)
     # per evaluation {"round", "seconds": phase -> wall seconds}: timings.json, not the records
@@ -160,6 +173,7 @@ class Member:
             "round": self.done,
             "records": len(self.records),
             "client_updates": self.client_updates,
+            "costs": self.costs,
             "train_seconds": self.train_seconds,
             "chunks": self.chunks,
             "phase_seconds": self.phase_seconds,
@@ -245,6 +259,7 @@ def restore_member(member: Member, template: Any, echo: Callable) -> Any | None:
         )
     member.done = header["round"]
     member.client_updates = header["client_updates"]
+    member.costs = dict(header["costs"])
     member.train_seconds = header["train_seconds"]
     member.chunks = header["chunks"]
     member.phase_seconds = header.get("phase_seconds", [])[: len(member.records)]
@@ -265,15 +280,18 @@ AFTER_DIVERGENCE = (
     "final_client_test_accuracy_mean",
     "final_client_test_loss_mean",
     "final_client_test_accuracy_std",
+    "final_client_test_accuracy_bottom10",
     "target_accuracy",
     "worst_target_accuracy",
     "target_test_loss",
 )
-# per-client means and spread of the last evaluation, in the summary as final_<key>
+# per-client means, spread and bottom-10% mean of the last evaluation, in the summary as
+# final_<key>
 FINAL_CLIENT_KEYS = (
     "client_test_accuracy_mean",
     "client_test_loss_mean",
     "client_test_accuracy_std",
+    "client_test_accuracy_bottom10",
 )
 
 
@@ -460,6 +478,8 @@ def drive(
                 f = fields[i]
                 m.done = done + n
                 m.client_updates += f["_client_updates"]
+                for key, value in f.get("_cost", {}).items():
+                    m.costs[key] += value
                 m.train_seconds += share
                 m.chunks.append([n, f["_client_updates"], share])
                 loss = scores[i].get("test_loss")
@@ -478,6 +498,8 @@ def drive(
                 score = nulled(scores[i]) if m.diverged is not None else scores[i]
                 record = {"round": m.done, **score}
                 record.update({k: v for k, v in f.items() if not k.startswith("_")})
+                if "_cost" in f:
+                    record.update(cost_totals(m.costs))
                 m.records.append(record)
                 m.phase_seconds.append({"round": m.done, "seconds": phases})
                 if files[i] is not None:

@@ -16,6 +16,7 @@ import math
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 
 from fedjax_sel.base import Array, ConfigError
 
@@ -63,3 +64,11 @@ def forward_flops(module: nn.Module, x: Array) -> float:
 def train_step_flops(module: nn.Module, x: Array) -> float:
     """FLOPs of one SGD step on the batch ``x``: forward plus backward, three forward passes."""
     return 3.0 * forward_flops(module, x)
+
+
+def example_flops(module: nn.Module | None, feature_shape: tuple[int, ...], dtype) -> float:
+    """FLOPs of one example's forward pass through ``module`` (features of ``feature_shape``
+    and ``dtype``); 0 for a model without a flax module."""
+    if module is None:
+        return 0.0
+    return forward_flops(module, jnp.zeros((1,) + tuple(feature_shape), dtype))

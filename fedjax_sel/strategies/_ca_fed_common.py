@@ -19,6 +19,20 @@ exposes them); its weight is ``prior_rounds`` pseudo-rounds (2 = a uniform Beta(
 the reference code uses 100). Every strategy of the family traces ``prior_rounds`` in its state
 (a grid of it shares one compiled program).
 
+Budget variants (``candidates``, issue 54's equal-budget track). The paper's methods train every
+available client their rule keeps (``per_round = K`` slots). ``candidates="all"`` (default) does
+that, and with fewer slots keeps the selected clients of largest weight (a deterministic cut,
+not the paper's rule). ``candidates="uniform"`` first draws ``m = min(per_round, |A_t|)`` of the
+round's available clients ``A_t`` uniformly without replacement (:func:`draw_candidates`, with
+the select key: the draw of the ``uniform`` strategy in the same round), then applies the
+paper's rule to the drawn set ``D_t`` only. A client of ``A_t`` is drawn with probability ``m /
+|A_t|``, so the unnormalised rules (``q_k = alpha_k / pi_hat_k``: Unbiased, More-available,
+CA-Fed) weight a drawn client ``q_k |A_t| / m``: then ``E[sum_{k in D_t} q_k (|A_t| / m)
+Delta_k | A_t] = sum_{k in A_t} q_k Delta_k``, the all-available aggregate, and eq. 4's biased
+importance ``p`` is unchanged. A normalised rule (AdaFed) normalises over ``D_t`` instead.
+Drawn clients the rule excludes leave their slot empty (they stay idle, as excluded available
+clients do in the paper), so a round trains at most ``per_round`` clients.
+
 Diagnostics (``Selection.diagnostics``, every round; docs/ca_fed.md), all fixed-size and
 O(K) to compute, none K-sized in the logs:
 
@@ -27,8 +41,8 @@ O(K) to compute, none K-sized in the logs:
   both over rounds gives the standard deviation across rounds) and the largest single weight;
 * ``law``: the aggregation weights normalised over the trained clients (the engine reduces it
   to ``law_entropy_ratio``, 1 = every available client trained with equal weight, and
-  ``law_max_over_uniform``); these methods draw nothing at random, so this is the law of the
-  weights, not of a draw;
+  ``law_max_over_uniform``); with ``candidates="all"`` these methods draw nothing at random, so
+  this is the law of the weights, not of a draw (with ``"uniform"``, of this round's draw);
 * ``group_size``, ``kept_by_group``, ``trained_by_group``, ``weight_by_group`` (float32[4]):
   per group of clients (the classes of the paper's population, in
   :data:`~fedjax_sel.availability.markov_population.CLASS_NAMES` order: less available when
@@ -41,18 +55,29 @@ O(K) to compute, none K-sized in the logs:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, get_args
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sel.availability import estimators as est
-from fedjax_sel.base import Array, ConfigError, RoundInputs, Selection, Strategy, update_identity
+from fedjax_sel.base import (
+    Array,
+    ConfigError,
+    PRNGKey,
+    RoundInputs,
+    Selection,
+    Strategy,
+    update_identity,
+)
+from fedjax_sel.kernels import uniform_without_replacement
 from fedjax_sel.strategies.hyperparams import inject_hyperparams
 
 Estimator = Literal["auto", "oracle", "bayes", "reference"]
 Prior = Literal["flat", "truth"]
+Candidates = Literal["all", "uniform"]
+CANDIDATES = get_args(Candidates)
 PI_FLOOR = 1e-6  # guards alpha / pi_hat against a client that is never online
 NUM_GROUPS = 4
 
@@ -60,6 +85,17 @@ NUM_GROUPS = 4
 def check_availability_args(estimator: str, prior: str, prior_rounds: float, weighting: str):
     """Validates the hyperparameters every strategy of this family takes."""
     est.check_prior(prior_rounds)
+
+
+def check_candidates(name: str, candidates: str) -> None:
+    """A ``ConfigError`` naming a ``candidates`` value that is not one of :data:`CANDIDATES`
+    (the registry checks it too; this covers a factory called directly)."""
+    if candidates not in CANDIDATES:
+        raise ConfigError(
+            f"{name} candidates={candidates!r} is not a valid choice (one of "
+            + ", ".join(repr(c) for c in CANDIDATES)
+            + ")"
+        )
 
 
 def target_importance(num_examples: Array, weighting: str) -> Array:
@@ -113,6 +149,24 @@ def pack_slots(selected: Array, priority: Array, per_round: int) -> tuple[Array,
         _, clients = jax.lax.top_k(score, per_round)
     clients = clients.astype(jnp.int32)
     return clients, selected[clients]
+
+
+def draw_candidates(
+    key: PRNGKey, available: Array, per_round: int, candidates: str
+) -> tuple[Array, Array]:
+    """The clients the rule may pick this round and the factor their unnormalised weights take:
+    ``(candidates bool[K], scale)``. ``all``: ``(available, 1)``. ``uniform``: ``m =
+    min(per_round, |A_t|)`` available clients drawn uniformly without replacement (with ``key``;
+    :func:`~fedjax_sel.kernels.uniform_without_replacement`, the ``uniform`` strategy's draw)
+    and ``|A_t| / m``, the inverse of each available client's probability of being drawn (0 when
+    no client is available, and then unused)."""
+    if candidates == "all":
+        return available, jnp.ones((), jnp.float32)
+    clients, mask = uniform_without_replacement(key, available, per_round)
+    drawn = slot_mask(clients, mask, available.shape[0])
+    n_available = jnp.sum(available).astype(jnp.float32)
+    n_drawn = jnp.sum(mask).astype(jnp.float32)
+    return drawn, n_available / jnp.maximum(n_drawn, 1.0)
 
 
 def client_groups(inputs: RoundInputs, pi_hat: Array, lam_hat: Array) -> Array:
@@ -174,15 +228,23 @@ def availability_weighted(
     prior: str,
     prior_rounds: float,
     weighting: str,
+    candidates: str = "all",
+    normalised: bool = False,
+    name: str = "strategy",
     **traced: float,
 ) -> Strategy:
     """A strategy that trains ``selected`` clients with weights ``q`` where
-    ``rule(alpha, pi_hat, available, **traced) -> (selected bool[K], q float32[K])`` (Unbiased,
-    AdaFed, More-available). Slots go to the selected clients of largest ``q``. Its diagnostics
-    are those of the module docstring (``kept``: the clients the rule would train were they
-    available). ``prior_rounds`` and the rule's own numeric hyperparameters ``traced`` are
-    traced in the state (:func:`~fedjax_sel.strategies.hyperparams.inject_hyperparams`)."""
+    ``rule(alpha, pi_hat, candidates, **traced) -> (selected bool[K], q float32[K])`` (Unbiased,
+    AdaFed, More-available) and ``candidates`` is the round's available set (``candidates=
+    "all"``; slots go to the selected clients of largest ``q``) or a uniform draw of
+    ``per_round`` of them (``"uniform"``, :func:`draw_candidates`; the weights of a rule that is
+    not ``normalised`` are then scaled by ``|A_t| / m``, see the module docstring). Its
+    diagnostics are those of the module docstring (``kept``: the clients the rule would train
+    were they available). ``prior_rounds`` and the rule's own numeric hyperparameters
+    ``traced`` are traced in the state
+    (:func:`~fedjax_sel.strategies.hyperparams.inject_hyperparams`); ``name`` is for errors."""
     check_availability_args(estimator, prior, prior_rounds, weighting)
+    check_candidates(name, candidates)
 
     def init(key, spec):
         del key
@@ -190,12 +252,16 @@ def availability_weighted(
 
     def build(prior_rounds, **hyper):  # floats, or traced scalars inside the round
         def select(state, inputs, oracle, key):
-            del oracle, key
+            del oracle
             pi_hat, lam_hat, counts = availability_estimates(
                 state.counts, inputs, estimator=estimator, prior=prior, prior_rounds=prior_rounds
             )
             alpha = target_importance(inputs.num_examples, weighting)
-            selected, q = rule(alpha, pi_hat, inputs.available, **hyper)
+            drawn, scale = draw_candidates(key, inputs.available, per_round, candidates)
+            selected, q = rule(alpha, pi_hat, drawn, **hyper)
+            if candidates == "uniform" and not normalised:
+                q = q * scale  # unbiased under the draw (module docstring)
+            # with "uniform", at most per_round clients are selected: nothing is cut
             clients, mask = pack_slots(selected, q, per_round)
             weights = jnp.where(mask, q[clients], 0.0)
             k = inputs.available.shape[0]

@@ -50,7 +50,14 @@ from typing import Literal, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedjax_sel.base import Array, ConfigError, Selection, Strategy
+from fedjax_sel.base import (
+    Array,
+    ConfigError,
+    Selection,
+    Strategy,
+    client_work,
+    loss_pass_work,
+)
 from fedjax_sel.kernels import gumbel_top_k, masked_softmax, uniform_without_replacement
 from fedjax_sel.kernels.boltzmann import fill_slots
 from fedjax_sel.strategies._common import Weighting, fedavg_weights
@@ -167,9 +174,11 @@ def active_fl(
 
         def select(state: ActiveFLState, inputs, oracle, key):
             k_soft, k_unif, k_loss = jax.random.split(key, 3)
+            work = None
             if refresh == "available":  # every available client reports before the draw
                 v = valuation(valuation_kind, oracle.all_losses(inputs.params), inputs.num_examples)
                 state = ActiveFLState(jnp.where(inputs.available, v, state.values))
+                work = loss_pass_work(inputs.num_examples, inputs.available)
             logits = active_logits(state.values, inputs.available, alpha1, alpha2)
             soft, soft_ok = gumbel_top_k(k_soft, logits, max(num_soft, 1))
             soft, soft_ok = soft[:num_soft], soft_ok[:num_soft]
@@ -185,8 +194,11 @@ def active_fl(
                 v = valuation(valuation_kind, loss, inputs.num_examples[clients])
                 idx = jnp.where(mask, clients, state.values.shape[0])
                 state = ActiveFLState(state.values.at[idx].set(v, mode="drop"))
+                k = inputs.num_examples.shape[0]
+                work = client_work(k, clients, mask, forward_examples=inputs.num_examples[clients])
             diagnostics = active_diagnostics(logits, inputs.available, num_soft)
-            return Selection(clients, mask, weights, diagnostics=diagnostics), state
+            selection = Selection(clients, mask, weights, diagnostics=diagnostics, work=work)
+            return selection, state
 
         def update(state: ActiveFLState, selection, feedback) -> ActiveFLState:
             if valuation_kind != "train_loss":

@@ -32,6 +32,21 @@ Diagnostics (every round, :mod:`fedjax_sel.strategies._ca_fed_common` for the sh
 weight ``law`` and the per-group counts. ``trace=True`` adds the K-sized ``kept`` and
 ``available`` masks (as 0/1 floats) for maps of single runs (Fig. 5); leave it off at large K.
 
+Budget variant, ``candidates="uniform"`` (issue 54's equal-budget track; the module docstring of
+:mod:`fedjax_sel.strategies._ca_fed_common`): ``m = min(per_round, |A_t|)`` available clients
+are drawn uniformly without replacement (the select key: the ``uniform`` strategy's draw), the
+exclusions are computed as above, over every client, and applied to the drawn set: the drawn
+clients with ``q_k > 0`` train, weighted ``(alpha_k / pi_hat_k) |A_t| / m``; the drawn excluded
+ones leave their slot empty. Why over every client and not over the drawn set: ``get()`` sorts
+and visits all of ``K`` (lines 14-16), not ``A_t``, and eq. 20 scores the allocation ``q``
+through eq. 4's biased importance ``p_k = pi_k q_k / sum_h pi_h q_h``, a long-run property of ``q``
+and ``pi`` that no round's available set enters; the ``|A_t| / m`` factor makes each client's
+expected contribution given ``A_t`` the all-available one, so ``p``, and with it eq. 20's proxy,
+are those of Algorithm 1. A greedy restricted to the drawn set would score a ``p`` the algorithm
+never realises and re-decide the exclusions from each round's random draw. All available clients
+still report their loss (line 3, a minibatch each), which feeds eq. 17; the draw takes the
+select key and the loss minibatches ``fold_in(key, 1)``.
+
 A flat proxy: when every ``g_k = 0`` (so ``Gamma' = 0``; with ``F_hat^*`` the running minimum this
 is always the case in the first round, and whenever no client's loss rose), ``eps_hat`` is the
 same for every allocation and line 19 (``0 >= tau = 0``) would accept every exclusion down to a
@@ -43,10 +58,18 @@ from __future__ import annotations
 
 from typing import Literal, NamedTuple
 
+import jax
 import jax.numpy as jnp
 
 from fedjax_sel.availability import estimators as est
-from fedjax_sel.base import Array, ConfigError, Selection, Strategy, update_identity
+from fedjax_sel.base import (
+    Array,
+    ConfigError,
+    Selection,
+    Strategy,
+    loss_pass_work,
+    update_identity,
+)
 from fedjax_sel.kernels.ca_fed import ca_fed_exclusions, ca_fed_objective
 from fedjax_sel.strategies import _ca_fed_common as common
 from fedjax_sel.strategies._common import Weighting
@@ -95,7 +118,8 @@ def update_loss_estimates(
 @register_strategy(
     "ca_fed",
     description="CA-Fed: weights alpha/pi on clients kept by a greedy exclusion of correlated, "
-    "rarely available ones (use per_round = K)",
+    "rarely available ones (use per_round = K, or candidates=uniform: the kept among a uniform "
+    "draw of per_round, weights x |A|/m)",
     reference="Rodio et al., Federated Learning under Heterogeneous and Correlated Client "
     "Availability, IEEE/ACM ToN 2024 (INFOCOM 2023)",
 )
@@ -116,13 +140,14 @@ def ca_fed(
     weighting: Weighting = "size",
     keep_all_when_flat: bool = True,
     trace: bool = False,
+    candidates: common.Candidates = "all",
 ) -> Strategy:
     """CA-Fed (Algorithm 1; see the module docstring).
 
     Args:
       per_round: slots; CA-Fed trains every available kept client, so use ``per_round = K``
-        (with fewer slots the kept clients with the largest ``q_k`` are trained, the rest
-        dropped).
+        (with fewer slots and ``candidates="all"`` the kept clients with the largest ``q_k`` are
+        trained, the rest dropped).
       kappa2: ``kappa_bar^2 >= 0``, the weight of the bias term (section IV-C); large values
         reduce CA-Fed to Unbiased.
       tau: threshold ``tau >= 0`` of the greedy (line 19).
@@ -143,6 +168,9 @@ def ca_fed(
       weighting: ``alpha``: ``size`` (``n_k / n``, the paper) or ``uniform``.
       keep_all_when_flat: keep every client when ``Gamma' = 0`` (see the module docstring).
       trace: add the K-sized ``kept`` and ``available`` masks to the diagnostics.
+      candidates: ``all`` (every available client is a candidate) or ``uniform`` (the budget
+        variant: the kept among a uniform draw of ``per_round`` available clients, weights
+        scaled by ``|A_t| / m``; see the module docstring).
 
     Traced (a grid of them shares one program): ``kappa2``, ``tau``, ``beta``,
     ``prior_rounds``. Eq. 17's ``1 - beta`` is then a float32 difference, where it was a
@@ -150,6 +178,7 @@ def ca_fed(
     possibly one ulp apart for others (e.g. 0.058).
     """
     common.check_availability_args(estimator, prior, prior_rounds, weighting)
+    common.check_candidates("ca_fed", candidates)
     if not kappa2 >= 0:
         raise ConfigError(f"ca_fed kappa2 must be >= 0, got {kappa2!r}")
     if not tau >= 0:
@@ -189,6 +218,13 @@ def ca_fed(
             raise ConfigError("ca_fed loss_source=validation needs per-client test splits")
         return oracle.client_test_loss(inputs.params, every)
 
+    def loss_query_work(num_examples, available):
+        """The available clients' loss reports (a minibatch, the training set, or the
+        validation split, whose size the training set's stands in for)."""
+        if loss_source == "batch":
+            num_examples = jnp.minimum(num_examples, loss_batch_size)
+        return loss_pass_work(num_examples, available)
+
     def optimum_estimate(loss_min):
         if optimum == "running_min":
             return loss_min
@@ -201,7 +237,10 @@ def ca_fed(
             pi_hat, lam_hat, counts = common.availability_estimates(
                 state.counts, inputs, estimator=estimator, prior=prior, prior_rounds=prior_rounds
             )
-            loss = reported_losses(inputs, oracle, key).astype(jnp.float32)
+            draw_key, loss_key = key, key
+            if candidates == "uniform":  # the draw takes the key ("all" keeps its losses)
+                loss_key = jax.random.fold_in(key, 1)
+            loss = reported_losses(inputs, oracle, loss_key).astype(jnp.float32)
             loss_est, loss_min, started = update_loss_estimates(
                 state.loss_est, state.loss_min, state.started, loss, inputs.available, beta
             )
@@ -213,7 +252,10 @@ def ca_fed(
             if keep_all_when_flat:
                 kept = kept | (gamma <= 0)
             q = alpha / pi_hat
-            clients, mask = common.pack_slots(kept & inputs.available, q, per_round)
+            drawn, scale = common.draw_candidates(draw_key, inputs.available, per_round, candidates)
+            if candidates == "uniform":
+                q = q * scale  # unbiased under the draw (module docstring)
+            clients, mask = common.pack_slots(kept & drawn, q, per_round)
             weights = jnp.where(mask, q[clients], 0.0)
             k = inputs.available.shape[0]
             diagnostics = common.round_diagnostics(
@@ -233,7 +275,9 @@ def ca_fed(
                     kept=kept.astype(jnp.float32), available=inputs.available.astype(jnp.float32)
                 )
             new_state = CAFedState(counts, loss_est, loss_min, started)
-            return Selection(clients, mask, weights, diagnostics=diagnostics), new_state
+            work = loss_query_work(inputs.num_examples, inputs.available)
+            selection = Selection(clients, mask, weights, diagnostics=diagnostics, work=work)
+            return selection, new_state
 
         return Strategy(init, select, update_identity, reads_deltas=False)
 

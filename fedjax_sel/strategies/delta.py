@@ -81,7 +81,7 @@ from typing import Literal, NamedTuple, get_args
 import jax
 import jax.numpy as jnp
 
-from fedjax_sel.base import Array, ConfigError, Selection, SimSpec, Strategy
+from fedjax_sel.base import Array, ConfigError, Selection, SimSpec, Strategy, client_work
 from fedjax_sel.kernels import gumbel_top_k
 from fedjax_sel.strategies._common import Weighting
 from fedjax_sel.strategies.hyperparams import inject_hyperparams
@@ -221,7 +221,11 @@ def delta(
             )
             diff = jax.tree.map(lambda a, b: a - b, run1.params, run2.params)
             sigma_sq = jnp.where(mask, 0.5 * jnp.square(stacked_norms(diff)), 0.0)
-            return selection._replace(train_result=run1), state._replace(sigma_sq=sigma_sq)
+            # the second run is the sigma statistic's own work (a scalar goes up with the update)
+            k = inputs.available.shape[0]
+            work = client_work(k, clients, mask, train_steps=run2.num_steps)
+            selection = selection._replace(train_result=run1, work=work)
+            return selection, state._replace(sigma_sq=sigma_sq)
 
         def update(state: DeltaState, selection: Selection, feedback) -> DeltaState:
             mask = selection.mask

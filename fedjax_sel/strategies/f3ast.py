@@ -12,7 +12,22 @@ estimates client ``k``'s participation rate:
   ``r_k = (1 - beta) pi_hat_k + beta`` for the available clients, recomputed every round.
 
 ``beta = 0`` means ``1 / T`` (the code's hard-wired choice). Diagnostics: those of
-:mod:`fedjax_sel.strategies._ca_fed_common` (its "kept" clients are the selected ones).
+:mod:`fedjax_sel.strategies._ca_fed_common` (its "kept" clients are the selected ones; ``q_sum``
+is the round's weight sum).
+
+The weights add up to more than 1, and that is the rule's own property: ``alpha_k / r_k`` is
+the unbiased weight (its sum has mean ``sum_k alpha_k = 1`` when ``r_k`` is the client's true
+selection probability), applied unnormalised with a server learning rate, CA-Fed's eq. (3)
+``w_{t+1} = w_t + eta_bar sum_{k in S_t} q_k Delta_t^k`` with ``eta_bar`` tuned by grid search
+beside the client's (section V-A c; the CA-Fed code's server SGD divides by nothing,
+reference/algorithms.md sections 1.5 and 3.3). From ``r = m / K`` the first round's sum is
+``(K / m) sum_{k in S_0} alpha_k``, K/m times the data share of the m largest clients, and the
+EMA forgets that start at rate ``beta = 1 / T``, i.e. not within the run: on Synthetic(1,1)
+(1,000 clients, 20 a round, 100 rounds, seed 0) the sum is about 20 in round 1, 1.3 by round
+100, 2.6 on average, a server step 2.6 times FedAvg's at ``server_lr = 1``. A client left out
+long enough has ``r_k`` decayed towards 0 and a large weight when it comes back, so the sum
+need not approach 1 later either. Compare F3AST at a tuned server learning rate (our CA-Fed
+reproduction's: 0.1) or with normalised weights (``tests/test_findings.py`` pins the sums).
 """
 
 from __future__ import annotations

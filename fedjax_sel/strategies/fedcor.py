@@ -76,7 +76,7 @@ from typing import Literal, NamedTuple, get_args
 import jax
 import jax.numpy as jnp
 
-from fedjax_sel.base import Array, ConfigError, Selection, Strategy
+from fedjax_sel.base import Array, ClientWork, ConfigError, Selection, Strategy, client_work
 from fedjax_sel.kernels import gp, uniform_without_replacement
 from fedjax_sel.members import members_cond
 from fedjax_sel.strategies._common import Weighting, check_weighting, fedavg_weights
@@ -233,7 +233,9 @@ def fedcor(
                 delta = stacked - p[None]
                 return p + jnp.tensordot(w, delta, axes=1).astype(p.dtype)
 
-            return jax.tree.map(mean, params, result.params)
+            k = available.shape[0]
+            work = client_work(k, clients, ok, train_steps=result.num_steps, uploads=1.0)
+            return jax.tree.map(mean, params, result.params), work
 
         def gp_work(state, inputs, oracle, key):
             """After round t - 1: the loss reports, the stored loss change, the GP training."""
@@ -244,18 +246,26 @@ def fedcor(
             gp_round = (prev > warmup) & (jnp.mod(prev, gpr_interval) == 0)
             need = (t == 0) | warm | gp_round
 
+            zeros = jnp.zeros((k,), jnp.float32)
+            none = ClientWork(zeros, zeros, zeros)
+
             def evaluate(_):
                 cur = losses_of(oracle, inputs.params, k)
 
                 def with_extra(_):
-                    temp = extra_round(oracle, inputs.params, inputs.available, key)
-                    return losses_of(oracle, temp, k) - cur
+                    temp, work = extra_round(oracle, inputs.params, inputs.available, key)
+                    return losses_of(oracle, temp, k) - cur, work
 
-                change = members_cond(gp_round, with_extra, lambda _: cur - state.last_losses, 0)
-                return cur, change
+                change, work = members_cond(
+                    gp_round, with_extra, lambda _: (cur - state.last_losses, none), 0
+                )
+                return cur, change, work
 
-            zeros = jnp.zeros((k,), jnp.float32)
-            cur, change = members_cond(need, evaluate, lambda _: (zeros, zeros), 0)
+            cur, change, work = members_cond(need, evaluate, lambda _: (zeros, zeros, none), 0)
+            # every client's loss pass (one, or two around the extra round), as the code does
+            passes = need.astype(jnp.float32) + gp_round.astype(jnp.float32)
+            examples = passes * inputs.num_examples.astype(jnp.float32)
+            work = work._replace(forward_examples=work.forward_examples + examples)
             store = warm | gp_round
             slot = jnp.mod(state.cursor, slots)
             samples = jnp.where(store, state.samples.at[slot].set(change), state.samples)
@@ -294,7 +304,7 @@ def fedcor(
                 ),
                 "fedcor_gp_iterations": iters,
             }
-            return state, info
+            return state, info, work
 
         def greedy(state, inputs):
             n = inputs.num_examples.astype(jnp.float32)
@@ -308,7 +318,7 @@ def fedcor(
 
         def select(state, inputs, oracle, key):
             k_extra, k_warm = jax.random.split(key)
-            state, info = gp_work(state, inputs, oracle, k_extra)
+            state, info, work = gp_work(state, inputs, oracle, k_extra)
             active = inputs.round > warmup
 
             def by_gp(_):
@@ -321,7 +331,8 @@ def fedcor(
             clients, mask = members_cond(active, by_gp, at_random, 0)
             weights = fedavg_weights(inputs.num_examples, clients, mask, weighting)
             diagnostics = dict(info, fedcor_greedy=active.astype(jnp.int32), fedcor_nll=state.nll)
-            return Selection(clients, mask, weights, diagnostics=diagnostics), state
+            selection = Selection(clients, mask, weights, diagnostics=diagnostics, work=work)
+            return selection, state
 
         def update(state, selection, feedback):
             k = state.beta.shape[0]

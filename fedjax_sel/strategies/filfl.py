@@ -34,6 +34,8 @@ from fedjax_sel.base import (
     SimSpec,
     Strategy,
     TrainResult,
+    add_work,
+    client_work,
 )
 from fedjax_sel.kernels.double_greedy import (
     MAX_BRUTE_FORCE,
@@ -318,8 +320,15 @@ def filfl(
         eligible = inputs.available & filtered
         sel, inner_state = choose(state.inner, inputs, eligible, oracle, k_select)
         slot_of = jnp.zeros((k,), jnp.int32).at[slots].set(jnp.arange(n, dtype=jnp.int32))
+        # every considered client trained and sent its model; the kept ones count as the
+        # round's training, the others as the filter's work
+        kept = jnp.zeros((k,), bool).at[sel.clients].max(sel.mask)
+        extra = valid & ~kept[slots]
         sel = sel._replace(
-            train_result=_gather_slots(trained, slot_of[sel.clients], sel.mask, inputs.params)
+            train_result=_gather_slots(trained, slot_of[sel.clients], sel.mask, inputs.params),
+            work=add_work(
+                sel.work, client_work(k, slots, extra, train_steps=trained.num_steps, uploads=1.0)
+            ),
         )
         values = {"value": result.value, "value_all": result.value_full}
         if empty_value != "infeasible":
@@ -346,7 +355,13 @@ def filfl(
         sel, inner_state = choose(state.inner, inputs, eligible, oracle, key)
         trained = oracle.train(inputs.params, sel.clients, oracle.train_key, sel.mask)
         zeros = {name: jnp.zeros((), jnp.float32) for name in keys}
-        sel = sel._replace(train_result=trained, diagnostics={**sel.diagnostics, **zeros})
+        k = inputs.available.shape[0]
+        nothing = client_work(k, sel.clients, jnp.zeros(sel.mask.shape, bool))
+        sel = sel._replace(
+            train_result=trained,
+            diagnostics={**sel.diagnostics, **zeros},
+            work=add_work(sel.work, nothing),
+        )
         return sel, inner_state, state.filtered
 
     def select(state: FilFLState, inputs: RoundInputs, oracle, key):

@@ -30,7 +30,7 @@ from typing import Literal, NamedTuple
 
 import jax.numpy as jnp
 
-from fedjax_sel.base import Array, ConfigError, Selection, SimSpec, Strategy
+from fedjax_sel.base import Array, ConfigError, Selection, SimSpec, Strategy, loss_pass_work
 from fedjax_sel.kernels import gumbel_top_k
 from fedjax_sel.kernels import hetero_select as hs
 from fedjax_sel.strategies._common import Weighting, fedavg_weights
@@ -243,7 +243,8 @@ def hetero_select(
                     for name, value in comps._asdict().items()
                 },
             }
-            return Selection(clients, mask, w, diagnostics=diagnostics), state
+            work = None if current is None else loss_pass_work(inputs.num_examples, available)
+            return Selection(clients, mask, w, diagnostics=diagnostics, work=work), state
 
         def update(state, selection, feedback):
             k = state.participations.shape[0]

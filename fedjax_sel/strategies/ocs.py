@@ -45,6 +45,7 @@ from fedjax_sel.base import (
     RoundInputs,
     Selection,
     Strategy,
+    client_work,
     init_empty_state,
     update_identity,
 )
@@ -98,7 +99,11 @@ def _optimal_sampling(per_round: int, expected, weighting: str, probabilities) -
             "estimator_variance": estimator_variance(p, u, valid),
             **extra,
         }
-        selection = Selection(cohort, send, weights, train_result=trained, diagnostics=diagnostics)
+        # the cohort trained; those that do not send did so for their norm only
+        work = client_work(k, cohort, valid & ~send, train_steps=trained.num_steps)
+        selection = Selection(
+            cohort, send, weights, train_result=trained, diagnostics=diagnostics, work=work
+        )
         return selection, state
 
     return Strategy(init_empty_state, select, update_identity, reads_deltas=False)

@@ -8,7 +8,7 @@ from typing import Literal, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedjax_sel.base import Array, ConfigError, Selection, Strategy
+from fedjax_sel.base import Array, ConfigError, Selection, Strategy, client_work
 from fedjax_sel.kernels import gumbel_top_k
 from fedjax_sel.strategies._common import Weighting, fedavg_weights
 from fedjax_sel.strategies.registry import register_strategy
@@ -70,10 +70,16 @@ def power_of_choice(
         k_cand, k_loss = jax.random.split(key)
         log_p = jnp.log(inputs.num_examples.astype(jnp.float32))
         cand, cand_ok = gumbel_top_k(k_cand, log_p, d, inputs.available)
+        k = inputs.num_examples.shape[0]
+        work = None
         if variant == "pow":
             loss = oracle.loss(inputs.params, cand, k_loss)
+            queried = inputs.num_examples[cand]  # each candidate's whole training set
+            work = client_work(k, cand, cand_ok, forward_examples=queried)
         elif variant == "cpow":
             loss = oracle.batch_loss(inputs.params, cand, k_loss, batch_size)
+            queried = jnp.minimum(inputs.num_examples[cand], batch_size)
+            work = client_work(k, cand, cand_ok, forward_examples=queried)
         else:
             loss = state.last_loss[cand]
         loss = jnp.where(cand_ok, loss, -jnp.inf)
@@ -89,7 +95,7 @@ def power_of_choice(
             / jnp.maximum(jnp.sum(kept), 1),
             "candidates": jnp.sum(cand_ok),
         }
-        return Selection(clients, mask, weights, diagnostics=diagnostics), state
+        return Selection(clients, mask, weights, diagnostics=diagnostics, work=work), state
 
     def update(state, selection, feedback):
         if variant != "rpow":
