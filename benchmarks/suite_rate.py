@@ -3,9 +3,9 @@
 On a GPU many cells of the small tasks fit at once: a unit of a suite (a strategy's tuning grid,
 or its evaluation seeds) runs as one compiled program whose members are vmapped in batches of
 ``seeds_together``. This script runs the same small suite (one task, uniform and
-Power-of-Choice, a tuning grid of ``--grid`` learning rates on 2 tuning seeds, ``--seeds``
-evaluation seeds) into fresh folders, once with every member of a unit in one batch and once
-with one member at a time, in one process after a warm-up run, and records the wall seconds
+Power-of-Choice, a tuning grid of ``--grid`` learning rates on 3 tuning seeds, not extended,
+``--seeds`` evaluation seeds) into fresh folders, once with every member of a unit in one batch
+and once with one member at a time, in one process after a warm-up run, and records the wall seconds
 (compile included) and cells per second of each. Writes JSON, prints a table::
 
     python benchmarks/suite_rate.py --out benchmarks/results/gpu/suite_rate.json
@@ -28,7 +28,7 @@ def suite_spec(task: str, seeds: int, grid: int, rounds: int, clients: int) -> d
     lrs = [round(0.05 * 2**i, 4) for i in range(grid)]
     return {
         "suite": {"name": "rate", "seeds": seeds, "baseline": "uniform"},
-        "tuning": {"lr": lrs, "seeds": [1000, 1001]},
+        "tuning": {"lr": lrs, "seeds": [1000, 1001, 1002], "extend": 0},
         "tasks": {
             task: {
                 "dataset": task,
@@ -56,12 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
     spec = suite_spec(a.task, a.seeds, a.grid, a.rounds, a.clients)
-    cells = 2 * (a.seeds + 2 * a.grid)
+    cells = 2 * (a.seeds + 3 * a.grid)
     with tempfile.TemporaryDirectory() as tmp:  # warm-up: imports, data, the backend
-        run_suite(suite_spec(a.task, 1, 1, 1, a.clients), Path(tmp) / "warm", progress=False,
+        run_suite(suite_spec(a.task, 1, 2, 1, a.clients), Path(tmp) / "warm", progress=False,
                   echo=lambda *_: None)  # fmt: skip
     rows = []
-    for together in (max(a.seeds, 2 * a.grid), 1):
+    for together in (max(a.seeds, 3 * a.grid), 1):
         with tempfile.TemporaryDirectory() as tmp:
             start = time.perf_counter()
             run_suite(spec, Path(tmp) / "out", seeds_together=together, progress=False,

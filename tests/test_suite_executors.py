@@ -24,7 +24,7 @@ from fedjax_sel.experiment.records import (
 
 MINI = {
     "suite": {"name": "mini", "seeds": 2, "baseline": "uniform", "seeds_together": 2},
-    "tuning": {"lr": [0.1, 0.3], "seeds": [100]},
+    "tuning": {"lr": [0.1, 0.2], "seeds": [100, 101, 102], "extend": 1},
     "tasks": {
         "digits": {
             "dataset": "digits",
@@ -93,7 +93,11 @@ def test_on_a_local_ray_cluster_the_records_are_the_same_bytes(mini, tmp_path):
     assert not (out / "parts").exists()  # every worker's part merged and dropped
     (run,) = json.loads((out / INVOCATIONS).read_text())
     assert run["executor"] == "ray" and run["cluster"]["CPU"] == 2
-    assert run["cells_run"] == 8 and sum(w["units"] for w in run["workers"]) == 4
+    # per strategy: its tuning grid, the extensions its choice asked for, its evaluations
+    store = Store(here / "per_seed" / "digits.json")
+    extensions = sum(t["extensions"] for t in store.meta["tuned"].values())
+    assert run["cells_run"] == len(store.records) == 2 * (6 + 2) + 3 * extensions
+    assert sum(w["units"] for w in run["workers"]) == 4 + extensions
 
 
 def test_jobs_are_shared_deterministically_and_completely():
@@ -203,4 +207,4 @@ def test_job_units_count_the_cells_the_suite_plans(tmp_path):
                 evals = cells_lib.eval_cells(suite, task, s, entry, tmp_path, 0.1, None)
                 planned.append((s.name, len(evals)))
         units = [(s.name, n) for s, n in cells_lib.job_units(suite, task, entry)]
-        assert units == planned == [("ideal", 2), ("ideal", 2), ("flaky", 2), ("flaky", 2)]
+        assert units == planned == [("ideal", 6), ("ideal", 2), ("flaky", 6), ("flaky", 2)]

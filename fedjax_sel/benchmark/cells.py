@@ -4,9 +4,9 @@ A cell is one (phase, task, scenario, strategy, seed): a :class:`~fedjax_sel.con
 (:func:`~fedjax_sel.benchmark.suite.cell_config`), the hash its record is keyed by
 (:func:`cell_key`) and the metrics its record keeps (:func:`cell_metrics`). A unit of work is
 one compiled program: a strategy's tuning grid on a task (:func:`tuning_cells`), or its
-evaluation seeds in one scenario at the learning rate its tuning chose (:func:`eval_cells`,
-:func:`tuned_lr`); a job is a strategy on a task, its tuning and then its evaluations
-(:func:`jobs`, :func:`job_units`).
+evaluation seeds in one scenario at the point its tuning chose (:func:`eval_cells`;
+:mod:`fedjax_sel.benchmark.tuned` extends the grid and chooses); a job is a strategy on a
+task, its tuning and then its evaluations (:func:`jobs`, :func:`job_units`).
 """
 
 from __future__ import annotations
@@ -14,27 +14,26 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
+from fedjax_sel.base import AvailabilityModel
 from fedjax_sel.benchmark.suite import (
     SUITE_VERSION,
     Entry,
     Scenario,
     Suite,
     Task,
-    Tuning,
     cell_config,
 )
 from fedjax_sel.config import RunConfig
-from fedjax_sel.experiment.metric_table import higher_is_better
+from fedjax_sel.engine.system import SystemModel
 from fedjax_sel.experiment.outdir import folder_name
-from fedjax_sel.experiment.records import Store
 from fedjax_sel.experiment.resolve import resolve
+from fedjax_sel.experiment.tuning import Point, setting_name
 
 
 # ----------------------------------------------------------------------------- cells
@@ -65,6 +64,8 @@ def cell_metrics(
         out[key] = None if v is None else float(v)
     std = summary.get("final_client_test_accuracy_std")
     out["client_accuracy_std"] = None if std is None else float(std)
+    worst = summary.get("final_client_test_accuracy_bottom10")
+    out["client_accuracy_bottom10"] = None if worst is None else float(worst)
     for b in budgets:
         before = [e for e in records if e["round"] <= b and e.get("test_accuracy") is not None]
         out[f"accuracy@{b}"] = float(before[-1]["test_accuracy"]) if before else None
@@ -84,43 +85,157 @@ def cell_metrics(
     return out
 
 
-def deadline_for(suite: Suite, task: Task, scenario: Scenario, draws: int = 4000) -> float:
-    """The deadline at ``scenario.deadline_quantile`` of a round's length when the task's
-    ``per_round`` clients are drawn uniformly, from the system model's device profiles (pooled
-    over the evaluation seeds' profiles), with the scenario's over-commitment."""
+# a scenario's deadline must cut between these shares of the realised uniform rounds
+DEADLINE_CUT_BOUNDS = (0.25, 0.75)
+
+
+class Deadline(NamedTuple):
+    """A scenario's deadline in seconds and the share of the realised uniform rounds (without
+    a deadline) longer than it: the rounds it cuts."""
+
+    seconds: float
+    cut_share: float
+
+
+class _RoundClock(NamedTuple):
+    """What the engine's per-round keys read of a SimState (``phases.round_key``)."""
+
+    key: Any
+    round: Any
+
+
+def uniform_rounds(
+    availability: AvailabilityModel,
+    system: SystemModel,
+    kbit: float,
+    *,
+    rounds: int,
+    per_round: int,
+    slots: int,
+    dropout: float,
+) -> Callable[..., np.ndarray]:
+    """``lengths(sim_key, samples, steps, sim=None) -> float32[rounds]``: the length of each
+    round of one simulation without a deadline when ``slots`` clients are drawn uniformly
+    among the available ones (the ``uniform`` strategy's draw), with the engine's keys
+    (``sim_key``: the simulation's key, ``fold_in(key(seed), 2)``), availability process,
+    per-round device speeds and :func:`~fedjax_sel.engine.system.round_timing` (dropouts; the
+    round lasts until the ``per_round``-th live finisher, or the last live one when fewer
+    are alive; 0 s when none is). ``samples``/``steps``: each client's local work
+    (:func:`~fedjax_sel.engine.system.client_work`); ``sim``: the simulation's
+    :class:`~fedjax_sel.engine.state.SimSpec`, for availability models whose ``init`` reads
+    it."""
+    import jax
+    import jax.numpy as jnp
+
+    from fedjax_sel.engine import phases
+    from fedjax_sel.engine import system as system_lib
+    from fedjax_sel.kernels import uniform_without_replacement
+
+    @jax.jit
+    def scan(sim_key, avail_state, system_state, samples, steps):
+        def one(avail_state, r):
+            clock = _RoundClock(sim_key, r)
+            k_avail, k_select, _ = phases.round_keys(clock)
+            available, avail_state = availability.step(avail_state, k_avail)
+            # the engine's own per-purpose tags, so each draw is the run's
+            ms, bw = system.step(system_state, phases.round_key(clock, phases._SYSTEM))
+            compute, comm = system_lib.durations(ms, bw, samples, kbit)
+            clients, mask = uniform_without_replacement(k_select, available, slots)
+            timing = system_lib.round_timing(
+                mask,
+                compute[clients],
+                comm[clients],
+                steps[clients],
+                phases.round_key(clock, phases._DROPOUT),
+                keep_count=per_round,
+                deadline=None,
+                dropout=dropout,
+            )
+            return avail_state, timing.duration
+
+        return jax.lax.scan(one, avail_state, jnp.arange(rounds, dtype=jnp.int32))[1]
+
+    def lengths(sim_key, samples, steps, sim=None) -> np.ndarray:
+        k = samples.shape[0]
+        # the initial states as engine.state.init_state draws them
+        avail_key = jax.random.fold_in(sim_key, 102)
+        if availability.needs_spec:
+            avail_state = availability.init(avail_key, k, sim)
+        else:
+            avail_state = availability.init(avail_key, k)
+        system_state = system.init(jax.random.fold_in(sim_key, 103), k)
+        return np.asarray(scan(sim_key, avail_state, system_state, samples, steps))
+
+    return lengths
+
+
+def cut_share(lengths: Sequence[float] | np.ndarray, deadline: float) -> float:
+    """The share of rounds a ``deadline`` cuts: those longer than it (a round whose slowest
+    kept client finishes after the deadline ends at the deadline)."""
+    return float(np.mean(np.asarray(lengths, np.float64) > deadline))
+
+
+def realised_uniform_rounds(suite: Suite, task: Task, scenario: Scenario) -> np.ndarray:
+    """The length of every round of ``task`` in ``scenario`` on every evaluation seed
+    (float32[seeds, rounds]), as each seed's simulation runs it without a deadline when
+    ``uniform`` picks its slots (:func:`uniform_rounds`: the scenario's availability, per-round
+    device speeds, over-commitment and dropouts; each seed's own data partition and keys)."""
     import jax
 
+    from fedjax_sel.availability import AVAILABILITY
     from fedjax_sel.engine import system as system_lib
+    from fedjax_sel.engine.state import sim_spec
     from fedjax_sel.experiment.build import load_data_for, model_for
 
     baseline = next(e for e in suite.strategies if e.label == suite.baseline)
-    config = cell_config(
-        suite, task, scenario, baseline, seed=suite.seeds[0], lr=None, deadline=1.0
-    )
-    resolved = resolve(config)
-    config = resolved.config
-    dataset = load_data_for(config)
-    model = model_for(config, dataset)
-    kbit = system_lib.model_kbit(jax.eval_shape(model.init, jax.random.key(0)))
-    counts = jax.numpy.asarray(dataset.train.counts)
-    samples, _ = system_lib.client_work(
-        counts, config.batch_size, config.local_steps, config.local_epochs
-    )
-    model_sys = resolved.system.build(system_lib.SYSTEMS)
-    k = dataset.num_clients
-    slots = system_lib.overcommitted(config.per_round, config.overcommit, k)
-    rng = np.random.default_rng(0)
-    lengths = []
+    loaded: dict[int, Any] = {}
+    lengths, run = [], None
     for seed in suite.seeds:
-        state = model_sys.init(jax.random.key(seed), k)
-        compute, comm = system_lib.durations(
-            state.ms_per_example, state.bandwidth_kbps, samples, kbit
+        resolved = resolve(
+            cell_config(suite, task, scenario, baseline, seed=seed, lr=None, deadline=1.0)
         )
-        full = np.asarray(compute + comm, np.float64)
-        for _ in range(max(1, draws // len(suite.seeds))):
-            chosen = np.sort(full[rng.choice(k, size=slots, replace=False)])
-            lengths.append(chosen[config.per_round - 1])  # the per_round-th finisher
-    return float(np.round(np.quantile(lengths, scenario.deadline_quantile), 1))
+        config = resolved.config
+        data_seed = config.seed if config.data_seed is None else config.data_seed
+        if data_seed not in loaded:
+            loaded[data_seed] = load_data_for(config)
+        dataset = loaded[data_seed]
+        model = model_for(config, dataset)
+        k = dataset.num_clients
+        slots = system_lib.overcommitted(config.per_round, config.overcommit, k)
+        availability = resolved.availability.build(AVAILABILITY)
+        if run is None:
+            kbit = system_lib.model_kbit(jax.eval_shape(model.init, jax.random.key(0)))
+            run = uniform_rounds(
+                availability,
+                resolved.system.build(system_lib.SYSTEMS),
+                kbit,
+                rounds=config.rounds,
+                per_round=config.per_round,
+                slots=slots,
+                dropout=config.dropout,
+            )
+        samples, steps = system_lib.client_work(
+            jax.numpy.asarray(dataset.train.counts),
+            config.batch_size,
+            config.local_steps,
+            config.local_epochs,
+        )
+        base = jax.random.key(seed)  # the simulation's keys, as Simulation.init folds them
+        sim = None
+        if availability.needs_spec:
+            params = model.init(jax.random.fold_in(base, 1))
+            sim = sim_spec(dataset, params, per_round=slots, num_rounds=config.rounds)
+        lengths.append(run(jax.random.fold_in(base, 2), samples, steps, sim))
+    return np.stack(lengths)
+
+
+def deadline_for(suite: Suite, task: Task, scenario: Scenario) -> Deadline:
+    """The deadline at ``scenario.deadline_quantile`` of the realised uniform rounds' lengths
+    (:func:`realised_uniform_rounds`, pooled over the seeds; rounded to 0.1 s) and the share of
+    those rounds it cuts."""
+    realised = realised_uniform_rounds(suite, task, scenario).astype(np.float64).ravel()
+    seconds = float(np.round(np.quantile(realised, scenario.deadline_quantile), 1))
+    return Deadline(seconds, cut_share(realised, seconds))
 
 
 # ----------------------------------------------------------------------------- units of work
@@ -136,23 +251,39 @@ class Planned:
 
 
 def tuning_cells(
-    suite: Suite, task: Task, scenario: Scenario, entry: Entry, out: Path, deadline: float | None
+    suite: Suite,
+    task: Task,
+    scenario: Scenario,
+    entry: Entry,
+    out: Path,
+    deadline: float | None,
+    points: Sequence[Point] | None = None,
+    step: int = 0,
 ) -> list[Planned]:
-    """The tuning cells of ``entry`` on ``task`` in ``scenario``: every grid point on every
-    tuning seed, one compiled program (the grid points are traced). Empty without tuning."""
-    grid = task.lr_grid or suite.tuning.lr
-    if not suite.tuning.enabled or not grid:
+    """The tuning cells of ``entry`` on ``task`` in ``scenario``: each configuration of
+    ``points`` (default: the initial grid, :meth:`~.suite.Suite.tuning_grid`) on every tuning
+    seed, one compiled program (the lr and the knobs are traced). ``step``: 0 for the initial
+    grid, ``i`` for its ``i``-th extension (:mod:`.tuned`). Empty without tuning."""
+    if points is None:
+        points = suite.tuning_grid(task, entry)
+    if not suite.tuning.enabled or not points:
         return []
     planned = []
-    for lr in grid:
+    for lr, knob_pairs in points:
+        knobs = dict(knob_pairs)
+        setting = folder_name(setting_name({"lr": f"{lr:g}", **knobs}))
         for seed in suite.tuning.seeds:
-            config = cell_config(suite, task, scenario, entry, seed=seed, lr=lr, deadline=deadline)
+            config = cell_config(
+                suite, task, scenario, entry, seed=seed, lr=lr, deadline=deadline, knobs=knobs
+            )
             ident = {
                 "phase": "tune",
                 "scenario": scenario.name,
                 "strategy": entry.label,
                 "seed": seed,
                 "lr": lr,
+                **({"knobs": knobs} if knobs else {}),
+                "step": step,
             }
             where = (
                 out
@@ -161,7 +292,7 @@ def tuning_cells(
                 / "tuning"
                 / folder_name(scenario.name)
                 / folder_name(entry.label)
-                / f"lr={lr:g}"
+                / setting
                 / f"seed{seed}"
             )
             planned.append(Planned(ident, config, where, task, entry.seeds_together))
@@ -176,9 +307,11 @@ def eval_cells(
     out: Path,
     lr: float | None,
     deadline: float | None,
+    knobs: Mapping[str, float] | None = None,
 ) -> list[Planned]:
-    """The evaluation cells of ``entry`` on ``task`` in ``scenario`` at the tuned ``lr``
-    (``None``: the task's own): one per evaluation seed, one compiled program."""
+    """The evaluation cells of ``entry`` on ``task`` in ``scenario`` at the tuned ``lr`` and
+    ``knobs`` (``None``: the task's own lr, the knobs' defaults): one per evaluation seed, one
+    compiled program."""
     planned = []
     where = (
         out
@@ -188,7 +321,9 @@ def eval_cells(
         / folder_name(entry.label)
     )
     for seed in suite.seeds:
-        config = cell_config(suite, task, scenario, entry, seed=seed, lr=lr, deadline=deadline)
+        config = cell_config(
+            suite, task, scenario, entry, seed=seed, lr=lr, deadline=deadline, knobs=knobs
+        )
         ident = {"phase": "eval", "scenario": scenario.name, "strategy": entry.label, "seed": seed}
         planned.append(Planned(ident, config, where / f"seed{seed}", task, entry.seeds_together))
     return planned
@@ -218,43 +353,14 @@ def tuned_scenarios(suite: Suite, task: Task, entry: Entry) -> dict[str, list[Sc
 
 def job_units(suite: Suite, task: Task, entry: Entry) -> list[tuple[Scenario, int]]:
     """The units of ``entry``'s job on ``task`` in the order they run, each as its scenario
-    and its number of cells: a tuning grid (grid points x tuning seeds), then the evaluations
-    at the lr it chose (the evaluation seeds), for each scenario it is tuned in."""
+    and its number of cells: a tuning grid (configurations x tuning seeds; the extensions it
+    may add are not known ahead), then the evaluations at the point it chose (the evaluation
+    seeds), for each scenario it is tuned in."""
     by_name = {s.name: s for s in suite.scenarios}
-    grid = task.lr_grid or suite.tuning.lr
-    points = len(grid) * len(suite.tuning.seeds) if suite.tuning.enabled and grid else 0
+    points = len(suite.tuning_grid(task, entry)) * len(suite.tuning.seeds)
     units = []
     for tune_name, scenarios in tuned_scenarios(suite, task, entry).items():
         if points:
             units.append((by_name[tune_name], points))
         units += [(s, len(suite.seeds)) for s in scenarios]
     return units
-
-
-def choose_lr(
-    store: Store, scenario: str, label: str, grid: Sequence[float], tuning: Tuning
-) -> float:
-    """The grid point with the best mean of ``tuning.metric`` over the tuning seeds (a
-    diverged or missing value counts as the worst)."""
-    better = higher_is_better(tuning.metric)
-    scores = []
-    for lr in grid:
-        values = []
-        for seed in tuning.seeds:
-            r = store.lookup(
-                {"phase": "tune", "scenario": scenario, "strategy": label, "seed": seed, "lr": lr}
-            )
-            v = None if r is None or r.get("diverged") else r["metrics"].get(tuning.metric)
-            values.append(-math.inf if v is None and better else math.inf if v is None else v)
-        scores.append(float(np.mean(values)))
-    best = int(np.argmax(scores) if better else np.argmin(scores))
-    return float(grid[best])
-
-
-def tuned_lr(suite: Suite, task: Task, scenario: Scenario, entry: Entry, store: Store):
-    """``entry``'s chosen lr on ``task`` from its tuning records in ``scenario`` (``None``
-    without tuning: the task's own lr)."""
-    grid = task.lr_grid or suite.tuning.lr
-    if not suite.tuning.enabled or not grid:
-        return None
-    return choose_lr(store, scenario.name, entry.label, grid, suite.tuning)

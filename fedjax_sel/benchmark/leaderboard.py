@@ -14,9 +14,13 @@ is its mean over seeds, and its overall rank the mean over the cells where it ru
 interval is a percentile bootstrap that resamples each cell's seeds (2,000 resamples, fixed
 generator).
 
+Every row carries the point its strategy's tuning chose (``tuned``: ``lr=0.2`` or
+``lr=0.2,beta=1``) and that point's position on its grid (``tuned_position``: ``interior``, or
+``edge (REASON)``: :mod:`fedjax_sel.benchmark.tuned`).
+
 :func:`build` computes ``leaderboard.json``'s document (``rows``, ``ranking``, ``scenarios``,
-``tuned_lr``, ``coverage``); :mod:`fedjax_sel.benchmark.report` writes it with its tables,
-pictures and the docs page.
+``tuned_lr``, ``tuned``, ``coverage``); :mod:`fedjax_sel.benchmark.report` writes it with its
+tables, pictures and the docs page.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from typing import Any
 import numpy as np
 
 from fedjax_sel.benchmark.suite import SUITE_VERSION, Suite
+from fedjax_sel.benchmark.tracks import track_labels
+from fedjax_sel.benchmark.tuned import tuned_text
 from fedjax_sel.experiment.metric_table import (
     CELL_METRICS,
     TARGET_METRICS,
@@ -36,7 +42,13 @@ from fedjax_sel.experiment.metric_table import (
 )
 from fedjax_sel.experiment.metric_table import metric as metric_info
 from fedjax_sel.experiment.records import Store
-from fedjax_sel.experiment.stats import LEVEL, holm, mean_ci, paired_stats
+from fedjax_sel.experiment.stats import (
+    LEVEL,
+    holm,
+    mean_ci,
+    min_detectable_effect,
+    paired_stats,
+)
 
 BOOTSTRAP = 2000  # resamples of the ranking's seed bootstrap
 ROW_KEYS = (
@@ -60,7 +72,13 @@ ROW_KEYS = (
     "reached",
     "diverged",
     "baseline",
+    "tuned",
+    "tuned_position",
+    "track",
+    "ranked",
+    "pairs",
 )
+MIN_PAIRS = 3  # a difference from fewer seed pairs is not reported as one
 DEADLINE_BOUNDS = (0.05, 0.95)  # a deadline hit in fewer or more rounds is misconfigured
 
 
@@ -98,6 +116,7 @@ def build(suite: Suite, out: str | Path) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     scenarios: list[dict[str, Any]] = []
     tuned: dict[str, Any] = {}
+    tunings: dict[str, Any] = {}
     coverage = {"cells": 0, "finished": 0, "not_applicable": 0}
     stores = {}
     for task in suite.tasks:
@@ -105,6 +124,10 @@ def build(suite: Suite, out: str | Path) -> dict[str, Any]:
         store = Store(path)
         stores[task.name] = store
         tuned[task.name] = store.meta.get("tuned_lr", {})
+        tunings[task.name] = {
+            k: {f: v for f, v in t.items() if f != "points"}
+            for k, t in store.meta.get("tuned", {}).items()
+        }
         metrics = metrics_of(suite, task.name)
         for scenario in suite.scenarios:
             base = per_seed(store, scenario.name, suite.baseline, suite.seeds)
@@ -117,9 +140,17 @@ def build(suite: Suite, out: str | Path) -> dict[str, Any]:
                     continue
                 mine = per_seed(store, scenario.name, entry.label, suite.seeds)
                 coverage["finished"] += len(mine)
+                chosen = f"{suite.tuning_scenario(scenario.name)}/{entry.label}"
+                point, position = tuned_text(store.meta.get("tuned", {}).get(chosen))
                 for metric in metrics:
                     row = _row(task.name, scenario.name, entry.label, metric, mine, base, suite)
                     if row is not None:
+                        row.update(
+                            tuned=point,
+                            tuned_position=position,
+                            track=entry.track,
+                            ranked=not entry.reference,
+                        )
                         rows.append(row)
             shares = [  # a not-applicable strategy's leftover records are no cell of it
                 v
@@ -144,11 +175,18 @@ def build(suite: Suite, out: str | Path) -> dict[str, Any]:
                         "configured_well": share is not None and lo <= share <= hi,
                     }
                 )
-    for metric in sorted({r["metric"] for r in rows}):
-        family = [r for r in rows if r["metric"] == metric and r.get("p_value") is not None]
+    # one Holm family per (track, metric): the ranked headline's comparisons are one family,
+    # each secondary metric its own
+    for track, metric in sorted({(r["track"], r["metric"]) for r in rows if r["track"]}):
+        family = [
+            r
+            for r in rows
+            if r["metric"] == metric and r["track"] == track and r.get("p_value") is not None
+        ]
         for r, adj in zip(family, holm([r["p_value"] for r in family]), strict=True):
             r["p_holm"] = adj
-    ranking = rank(suite, stores)
+    rankings = {track: rank(suite, stores, track) for track in suite.tracks}
+    ranking = rankings[suite.tracks[0]]
     return {
         "suite": suite.name,
         "suite_version": SUITE_VERSION,
@@ -159,6 +197,8 @@ def build(suite: Suite, out: str | Path) -> dict[str, Any]:
             "seeds": list(suite.tuning.seeds),
             "metric": suite.tuning.metric,
             "scenario": suite.tuning.scenario or suite.scenarios[0].name,
+            "configurations": suite.tuning.configurations,
+            "extend": suite.tuning.extend,
         },
         "stable_accuracy": f"mean test accuracy over the last {suite.stable_fraction:.0%} of "
         "rounds, every one of them evaluated",
@@ -169,7 +209,13 @@ def build(suite: Suite, out: str | Path) -> dict[str, Any]:
         "coverage": coverage,
         "scenarios": scenarios,
         "tuned_lr": tuned,
+        "tuned": tunings,
         "ranking": ranking,
+        "ranked_track": suite.tracks[0],
+        "tracks": {t: track_labels(suite.strategies, t) for t in suite.tracks},
+        "rankings": rankings,
+        "references": [e.label for e in suite.strategies if e.reference],
+        "min_detectable_effect": detectable_effects(suite, stores),
         "rows": rows,
     }
 
@@ -216,7 +262,8 @@ def _row(task, scenario, strategy, metric, mine, base, suite) -> dict[str, Any] 
         row["mean"], row["ci_low"], row["ci_high"] = mean_ci(list(have.values()), LEVEL)
     if strategy != suite.baseline:
         pairs = sorted(s for s in have if _value(base.get(s), metric) is not None)
-        if pairs:
+        row["pairs"] = len(pairs)
+        if len(pairs) >= MIN_PAIRS:
             stats = paired_stats(
                 [have[s] for s in pairs],
                 [_value(base[s], metric) for s in pairs],
@@ -265,20 +312,77 @@ def _ranks(matrix: np.ndarray) -> np.ndarray:
     return rankdata(-matrix, axis=0, method="average").mean(axis=1)
 
 
-def rank(suite: Suite, stores: Mapping[str, Store]) -> list[dict[str, Any]]:
-    """Mean rank over (task, scenario) cells with a seed-bootstrap interval (module doc)."""
-    labels = [e.label for e in suite.strategies]
+def detectable_effects(suite: Suite, stores: Mapping[str, Store]) -> list[dict[str, Any]]:
+    """Per task, scenario and track, the ranked metric's minimum detectable effect against the
+    baseline (:func:`~fedjax_sel.experiment.stats.min_detectable_effect`: power 0.8 at Holm's
+    strictest level over the track's comparisons of that metric), from the paired differences'
+    standard deviation pooled over the track's strategies."""
+    out = []
+    by_label = {e.label: e for e in suite.strategies}
+    for track in suite.tracks:
+        labels = [x for x in track_labels(suite.strategies, track) if not by_label[x].reference]
+        comparisons = sum(
+            1
+            for task in suite.tasks
+            for scenario in suite.scenarios
+            for x in labels
+            if x != suite.baseline and by_label[x].reason(task.name, scenario.name) is None
+        )
+        for task in suite.tasks:
+            for scenario in suite.scenarios:
+                metric = suite.rank_metric(scenario)
+                base = per_seed(stores[task.name], scenario.name, suite.baseline, suite.seeds)
+                variances, pairs = [], []
+                for x in labels:
+                    if x == suite.baseline or by_label[x].reason(task.name, scenario.name):
+                        continue
+                    mine = per_seed(stores[task.name], scenario.name, x, suite.seeds)
+                    d = [
+                        _value(mine[s], metric) - _value(base[s], metric)
+                        for s in mine
+                        if s in base
+                        and _value(mine[s], metric) is not None
+                        and _value(base[s], metric) is not None
+                    ]
+                    if len(d) >= MIN_PAIRS:
+                        variances.append(float(np.var(d, ddof=1)))
+                        pairs.append(len(d))
+                if not pairs:
+                    continue
+                sd = math.sqrt(float(np.mean(variances)))
+                out.append(
+                    {
+                        "task": task.name,
+                        "scenario": scenario.name,
+                        "track": track,
+                        "metric": metric,
+                        "pairs": min(pairs),
+                        "comparisons": comparisons,
+                        "sd_diff": sd,
+                        "mde": min_detectable_effect(sd, min(pairs), comparisons),
+                    }
+                )
+    return out
+
+
+def rank(suite: Suite, stores: Mapping[str, Store], track: str | None = None) -> list[dict]:
+    """Mean rank over (task, scenario) cells with a seed-bootstrap interval (module doc), of
+    the ranked (non-reference) strategies of ``track`` (default: the ranked track)."""
+    track = track or suite.tracks[0]
+    by_label = {e.label: e for e in suite.strategies}
+    labels = [x for x in track_labels(suite.strategies, track) if not by_label[x].reference]
     cells = []
+    identical: dict[str, dict[str, str]] = {}
     for task in suite.tasks:
         store = stores[task.name]
         for scenario in suite.scenarios:
-            usable = [
-                e.label for e in suite.strategies if e.reason(task.name, scenario.name) is None
-            ]
+            usable = [x for x in labels if by_label[x].reason(task.name, scenario.name) is None]
             metric = suite.rank_metric(scenario)
             kept, matrix = _cell_matrix(store, scenario.name, usable, suite.seeds, metric)
             if len(kept) == len(usable) >= 2:  # a cell is ranked once all of it has run
-                cells.append((f"{task.name}/{scenario.name}", kept, matrix))
+                name = f"{task.name}/{scenario.name}"
+                kept, matrix = _distinct(kept, matrix, name, identical)
+                cells.append((name, kept, matrix))
     if not cells:
         return []
     rng = np.random.default_rng(0)
@@ -309,6 +413,23 @@ def rank(suite: Suite, stores: Mapping[str, Store]) -> list[dict[str, Any]]:
                 "cells": len(point[label]),
                 "of_strategies": {name: len(kept) for name, kept, _ in cells if label in kept},
                 "rank_by_cell": per_cell[label],
+                "track": track,
+                "identical_to": identical.get(label, {}),
             }
         )
     return sorted(out, key=lambda r: (r["mean_rank"], r["strategy"]))
+
+
+def _distinct(
+    labels: list[str], matrix: np.ndarray, cell: str, identical: dict[str, dict[str, str]]
+) -> tuple[list[str], np.ndarray]:
+    """The strategies of a cell with their per-seed values, each set of identical rows counted
+    once (the first in file order; ``identical[label][cell]`` names it for the others)."""
+    keep = []
+    for i, label in enumerate(labels):
+        twin = next((labels[j] for j in keep if np.array_equal(matrix[j], matrix[i])), None)
+        if twin is None:
+            keep.append(i)
+        else:
+            identical.setdefault(label, {})[cell] = twin
+    return [labels[i] for i in keep], matrix[keep]

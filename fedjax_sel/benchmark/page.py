@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from fedjax_sel.benchmark.report import machine_text, markdown
+from fedjax_sel.benchmark.report import TRACK_TEXT, machine_text, markdown
 from fedjax_sel.benchmark.suite import Suite
 
 # ----------------------------------------------------------------------------- docs
@@ -46,8 +46,9 @@ def cluster_section(suite_file: str, results: str) -> list[str]:
         "Ray of 2 CPUs and in two shards, and compares the files).",
         "",
         "**On Ray** (`pip install 'fedjax-sel[ray]'`): `--executor ray` sends each unit of work "
-        "(one compiled program: a strategy's tuning grid on a task, or its evaluation seeds in "
-        "one scenario) to Ray as a task that declares its resources (`--job-cpus`, default 1; "
+        "(one compiled program: a strategy's tuning grid on a task, one extension of that "
+        "grid, or its evaluation seeds in one scenario) to Ray as a task that declares its "
+        "resources (`--job-cpus`, default 1; "
         "one GPU where the cluster has GPUs, or `--job-gpus`); a strategy's evaluations go out "
         "once its tuning is back. Without `RAY_ADDRESS` or `--executor ray:ADDRESS` it starts a "
         "local cluster (`--ray-cpus N`), so the same command works on a laptop. Workers record "
@@ -110,11 +111,14 @@ def docs_page(doc: Mapping[str, Any], suite: Suite, suite_file: str, results: st
         "```",
         "",
         "A suite file has `[suite]` (evaluation seeds, baseline, `stable_fraction`), "
-        "`[tuning]` (the lr grid, the tuning seeds, the metric and scenario it is chosen on), "
+        "`[tuning]` (the lr grid in x2 steps, `{center = C, points = N}` or a list; the "
+        "`configurations` every strategy tunes over; how many x2 steps a grid may `extend` by; "
+        "at least 3 tuning seeds; the metric and scenario the choice is made on), "
         "`[tasks.NAME]` and `[scenarios.NAME]` (any `RunConfig` field; a task's `target` "
-        "accuracy, round `budgets` and own `lr_grid`; a scenario's `headline` metric and "
-        "`deadline_quantile`) and `[[strategies]]` (fields, a `note`, and `not_applicable` "
-        "reasons by task or scenario: such a cell is a row with its reason, never dropped); "
+        "accuracy, round `budgets` and own `lr_grid`, in x2 steps too; a scenario's `headline` "
+        "metric and `deadline_quantile`) and `[[strategies]]` (fields, a `note`, up to two "
+        "traced knobs to `tune` beside the lr, and `not_applicable` reasons by task or "
+        "scenario: such a cell is a row with its reason, never dropped); "
         f"[`{suite_file}`](../{suite_file}) documents each key. `--set KEY=VALUE`, "
         "`--seeds N`, `--no-tuning` and `--tasks A,B` make a quick check. Each (task, "
         "scenario, strategy) runs its seeds together in one compiled program; every finished "
@@ -124,7 +128,7 @@ def docs_page(doc: Mapping[str, Any], suite: Suite, suite_file: str, results: st
         "also keeps the cell's whole configuration, its batch and its client parallelism, so "
         f"`fedjax-sel suite {suite_file} --out {results} --rerun TASK/SCENARIO/STRATEGY --seed "
         "S` (a tuning cell: `--lr X`) runs the cell again and compares every metric with its "
-        "record (exit 0 when identical); the committed records predate this and lack them.",
+        "record (exit 0 when identical).",
         "",
         *cluster_section(suite_file, results),
         f"Committed results: `{results}/` (`leaderboard.json`, `.csv`, `.md`, `ranking.json`, "
@@ -136,12 +140,17 @@ def docs_page(doc: Mapping[str, Any], suite: Suite, suite_file: str, results: st
         "",
         *_setup_tables(suite),
         "",
-        "Strategies run with the settings their papers recommend (listed at the end). The "
-        'strategies defined as "every available client" (full, unbiased, adafed, '
-        "more_available, ca_fed) have one slot per client, as in their papers: they train up to "
-        "K clients a round where the others train `per_round`. Each strategy's client learning "
-        "rate is tuned on its own: the grid point with the best mean tuning metric on the "
-        "tuning seeds, which the comparison never uses.",
+        "Strategies run with the settings their papers recommend (listed at the end). Every "
+        "ranked strategy trains the task's `per_round` clients a round: the methods defined "
+        "on every available client (CA-Fed and its baselines) run as budget variants (their "
+        "rule among a uniform draw of `per_round` available clients), and a strategy that "
+        "trains more (`full`) is a reference, reported and never ranked. What a strategy asks "
+        "of clients beyond training (loss queries, warm starts, filtering passes) is charged to "
+        'the cost axes and the clock (docs/time.md, "Costs and oracle work"). '
+        + " ".join(TRACK_TEXT[t] for t in suite.tracks if t in TRACK_TEXT)
+        + " Each strategy is tuned on its own over the same number of configurations (its "
+        "client learning rate, and the knobs its entry names), on tuning seeds the comparison "
+        "never uses (Method, below).",
         "",
         "## Method",
         "",
@@ -149,19 +158,39 @@ def docs_page(doc: Mapping[str, Any], suite: Suite, suite_file: str, results: st
         f"{doc['stable_accuracy']}), accuracy at the round budgets, rounds and simulated "
         "seconds to the task's target accuracy (averaged over the seeds that reached it; the "
         "row says how many did), Jain's fairness index of the selection counts, the standard "
-        "deviation of the final accuracy over clients (their own test splits), and the share "
-        "of rounds the deadline cut.",
+        "deviation of the final accuracy over clients (their own test splits) and the mean "
+        "accuracy of the worst 10% of them (the lowest ceil(n/10) of the n clients with test "
+        "data), and the share of rounds the deadline cut.",
         "- Per task, scenario and strategy: the mean over seeds with a 95% Student-t interval; "
         f"the paired difference against `{doc['baseline']}` with its interval, the paired t-test's "
-        "p-value and its Holm adjustment over every comparison of that metric in the suite; "
-        "the win rate (ties count one half).",
+        "p-value and its Holm adjustment over every comparison of that metric in its track "
+        "(the ranked metric's comparisons one family, each other metric its own); the win rate "
+        "(ties count one half); a difference from fewer than 3 seed pairs is not reported. "
+        "The minimum detectable effect of each task's ranked metric is in the leaderboard "
+        "(power 0.8 at Holm's strictest level).",
         "- Ranking: in each task and scenario, strategies are ranked per seed on the scenario's "
         "headline metric (a target never reached ranks last); a strategy's rank there is the "
         "mean over seeds, its overall rank the mean over the cells where it runs, with a "
         "percentile bootstrap interval resampling each cell's seeds (2,000 resamples).",
-        "- The devices scenario's deadline is a quantile of a uniform round's length under "
-        "the system model's device profiles; the table below reports how many rounds it cut "
-        "(outside 5-95% the scenario is misconfigured, and the suite says so).",
+        "- Tuning: every strategy tunes over the same number of configurations (`[tuning] "
+        "configurations`: lr points on a log grid in x2 steps, times the values of the at most "
+        "two traced knobs its entry names, so each strategy's grid runs as one compiled "
+        "program) on at least 3 tuning seeds, and the configuration with the best mean tuning "
+        "metric is chosen (a diverged run scores worst). While the best sits at an edge of the "
+        "grid run so far, the next x2 lr point beyond that edge runs too (`[tuning] extend` "
+        "times at most), until the best is interior or the point beyond it diverged. Each row "
+        "carries the chosen point (`tuned`) and its position (`tuned_position`: `interior`, or "
+        "`edge` with the reason: the next point diverged, or the extension limit); "
+        "`tuning.json` and the tuning curves below hold every point's mean and 95% interval "
+        "over the tuning seeds.",
+        "- The devices scenario's deadline is a quantile of the realised lengths of uniform "
+        "rounds: every round of every evaluation seed as its simulation runs it without a "
+        "deadline when `uniform` picks the slots, with the scenario's availability, per-round "
+        "device speeds, over-commitment and dropouts. The suite refuses, at start, a deadline "
+        "that cuts fewer than 25% or more than 75% of those rounds, and records the share it "
+        "cuts beside the deadline (`deadline_cut_share` in `per_seed/<task>.json`); the table "
+        "below reports how many rounds it cut in the runs (outside 5-95% the scenario is "
+        "misconfigured, and the suite says so).",
         "",
         "## Results",
         "",

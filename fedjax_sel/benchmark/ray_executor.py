@@ -5,8 +5,9 @@ The driver (this process, holding ``OUT``'s lock) sends each *unit* of work to R
 task: the cells that run as one compiled program, a strategy's tuning grid on one task, or
 its evaluation seeds in one scenario (:func:`~fedjax_sel.benchmark.cells.tuning_cells`,
 :func:`~fedjax_sel.benchmark.cells.eval_cells`). A strategy's evaluation units go out when
-its tuning unit is back and its lr chosen, so units of different strategies, tasks and
-scenarios run side by side.
+its tuning is back and its point chosen (a grid whose best point sits at an edge first sends
+its extension, one unit at a time: :mod:`.tuned`), so units of different strategies, tasks
+and scenarios run side by side.
 
 * **Resources.** Each task declares ``job_cpus`` CPUs, and one GPU where the cluster has
   GPUs (``job_gpus``). ``ray:ADDRESS`` or ``RAY_ADDRESS`` joins a running cluster (every
@@ -43,11 +44,11 @@ from fedjax_sel.benchmark.cells import (
     eval_cells,
     job_units,
     jobs,
-    tuned_lr,
     tuned_scenarios,
     tuning_cells,
 )
 from fedjax_sel.benchmark.suite import SUITE_VERSION, Entry, Suite, Task
+from fedjax_sel.benchmark.tuned import record_tuned, tuning_state
 from fedjax_sel.benchmark.units import pending_groups, run_group, task_deadlines
 from fedjax_sel.experiment.outdir import folder_name
 from fedjax_sel.experiment.outputs import read_json, write_json
@@ -209,21 +210,38 @@ def _drive(ray, suite, tasks, out, *, together, overwrite, progress, echo, job_c
 
     def evaluate(task, entry_, tune_name, scenarios, deadlines) -> Callable[[], None]:
         def then() -> None:
-            lr = tuned_lr(suite, task, by_name[tune_name], entry_, stores[task.name])
-            stores[task.name].meta.setdefault("tuned_lr", {})[f"{tune_name}/{entry_.label}"] = lr
+            tune_in, deadline = by_name[tune_name], deadlines.get(tune_name)
+            state = tuning_state(suite, task, tune_in, entry_, stores[task.name], deadline)
+            if state is not None and state.pending:  # the grid extends: one more unit first
+                cells = tuning_cells(
+                    suite, task, tune_in, entry_, out, deadline, state.pending, state.step
+                )
+                if bar is not None and state.step:
+                    bar.total += len(cells)
+                phase = f"tune+{state.step}" if state.step else "tune"
+                submit(_unit_name(task, phase, tune_name, entry_), task, cells, then)
+                return
+            record_tuned(stores[task.name].meta, tune_name, entry_.label, state)
             for scenario in scenarios:
                 cells = eval_cells(
-                    suite, task, scenario, entry_, out, lr, deadlines.get(scenario.name)
+                    suite,
+                    task,
+                    scenario,
+                    entry_,
+                    out,
+                    None if state is None else state.lr,
+                    deadlines.get(scenario.name),
+                    None if state is None else state.knobs,
                 )
                 submit(_unit_name(task, "eval", scenario.name, entry_), task, cells, None)
 
         return then
 
     for task in tasks:
-        deadlines = task_deadlines(suite, task, echo)
+        deadlines = task_deadlines(suite, task, echo, stores[task.name].meta)
         store = stores[task.name]
         store.meta.update(task=task.name, deadlines=deadlines, suite_version=SUITE_VERSION)
-        store.meta["tuned_lr"] = {}
+        store.meta["tuned_lr"], store.meta["tuned"] = {}, {}
         for task_, entry_ in all_jobs:
             if task_ is not task:
                 continue

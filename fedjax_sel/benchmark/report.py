@@ -1,11 +1,13 @@
 """The selection benchmark's report: from the document :func:`fedjax_sel.benchmark.
 leaderboard.build` computes, the files of an output folder and the docs page.
 
-Writes ``leaderboard.json`` (``rows``, ``ranking``, ``scenarios``, ``tuned_lr``, ``coverage``,
-``runs``), ``leaderboard.csv`` (the rows), ``leaderboard.md``, ``ranking.json``,
+Writes ``leaderboard.json`` (``rows``, ``ranking``, ``scenarios``, ``tuned_lr``, ``tuned``,
+``coverage``, ``runs``), ``leaderboard.csv`` (the rows), ``leaderboard.md``, ``ranking.json``,
 ``heatmap.png`` (paired differences of stable accuracy against the baseline, Holm-significant
-cells starred), ``heatmap_<metric>.png`` for each other headline metric, and ``ranking.png``;
-the docs page and the README's block are :mod:`fedjax_sel.benchmark.page`.
+cells starred), ``heatmap_<metric>.png`` for each other headline metric, ``ranking.png``,
+``tuning.json`` (every strategy's tuning curve: :func:`~fedjax_sel.benchmark.tuned.
+tuning_curves`) and ``tuning.png`` (those curves, :func:`plot_tuning`); the docs page and the
+README's block are :mod:`fedjax_sel.benchmark.page`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import numpy as np
 
 from fedjax_sel.benchmark.leaderboard import DEADLINE_BOUNDS, ROW_KEYS, build
 from fedjax_sel.benchmark.suite import Suite
+from fedjax_sel.benchmark.tuned import tuned_text, tuning_curves
 from fedjax_sel.experiment.metric_table import (
     TARGET_METRICS,
     higher_is_better,
@@ -50,6 +53,15 @@ def _interval(metric: str, lo, hi, signed: bool = False) -> str:
     if lo is None:
         return ""
     return f" [{fmt(metric, lo, signed=signed)}, {fmt(metric, hi, signed=signed)}]"
+
+
+TRACK_TEXT = {
+    "selection": "Selection track: every strategy trains the task's `per_round` clients a round "
+    "and aggregates them by size-weighted FedAvg, without a proximal term, with FedAvg's server "
+    "step: only the choice of clients differs.",
+    "bundle": "Bundle track: each strategy with its paper's aggregation, local objective and "
+    "server step (strategies whose own bundle is FedAvg's share their selection-track cells).",
+}
 
 
 def ranking_table(doc: Mapping[str, Any]) -> str:
@@ -86,8 +98,17 @@ def markdown(doc: Mapping[str, Any], images: str = "") -> str:
     ]
     if doc["ranking"]:
         ranked = ", ".join(f"{s}: {m}" for s, m in doc["ranked_metric"].items())
+        track = doc.get("ranked_track", "bundle")
+        references = doc.get("references") or []
         lines += [
-            f"### Overall ranking (ranked metric per scenario: {ranked})",
+            f"### Overall ranking, {track} track (ranked metric per scenario: {ranked})",
+            "",
+            TRACK_TEXT.get(track, "")
+            + (
+                f" Reported, never ranked: {', '.join(f'`{x}`' for x in references)}."
+                if references
+                else ""
+            ),
             "",
             ranking_table(doc),
             "",
@@ -96,6 +117,34 @@ def markdown(doc: Mapping[str, Any], images: str = "") -> str:
             f"![paired differences]({images}heatmap.png)",
             "",
         ]
+        for other, ranking in (doc.get("rankings") or {}).items():
+            if other == track or not ranking:
+                continue
+            lines += [
+                f"### Ranking, {other} track",
+                "",
+                TRACK_TEXT.get(other, ""),
+                "",
+                ranking_table({"ranking": ranking}),
+                "",
+            ]
+    if doc.get("min_detectable_effect"):
+        lines += [
+            "### Minimum detectable effect",
+            "",
+            "The smallest paired difference from the baseline in the ranked metric that a "
+            "paired t-test finds with power 0.8 at Holm's strictest level over the track's "
+            "comparisons (the paired differences' standard deviation pooled over strategies).",
+            "",
+            "| task | scenario | track | metric | pairs | comparisons | MDE |",
+            "|---|---|---|---|---:|---:|---:|",
+        ]
+        for m in doc["min_detectable_effect"]:
+            lines.append(
+                f"| {m['task']} | {m['scenario']} | {m['track']} | {m['metric']} | "
+                f"{m['pairs']} | {m['comparisons']} | {fmt(m['metric'], m['mde'])} |"
+            )
+        lines.append("")
     if doc["scenarios"]:
         lines += [
             "### Deadlines",
@@ -149,32 +198,58 @@ def markdown(doc: Mapping[str, Any], images: str = "") -> str:
             lines += [f"- not applicable: **{r['strategy']}**: {r['reason']}" for r in na]
         lines.append("")
     if any(doc["tuned_lr"].values()):
-        t = doc["tuning"]
-        lines += [
-            "### Tuned client learning rates",
-            "",
-            f"Chosen per task and strategy from {t['lr']} on tuning seeds {t['seeds']} "
-            f"(scenario `{t['scenario']}`, metric `{t['metric']}`), never used for the "
-            "comparison.",
-            "",
-            "| task | " + " | ".join(e for e in _labels(doc)) + " |",
-            "|---|" + "---:|" * len(_labels(doc)),
-        ]
-        for task, chosen in doc["tuned_lr"].items():
-            by_label = {k.split("/", 1)[1]: v for k, v in chosen.items()}
-            lines.append(
-                f"| {task} | "
-                + " | ".join(
-                    "-" if by_label.get(e) is None else f"{by_label[e]:g}" for e in _labels(doc)
-                )
-                + " |"
-            )
-        lines.append("")
+        lines += _tuned_section(doc, images)
     if doc["notes"]:
         lines += ["### Strategy settings", ""]
         lines += [f"- **{k}**: {v}" for k, v in doc["notes"].items()]
         lines.append("")
     return "\n".join(lines)
+
+
+def _tuned_section(doc: Mapping[str, Any], images: str) -> list[str]:
+    """The tuned settings per task and strategy, each with its position on its grid."""
+    t = doc["tuning"]
+    extend = t.get("extend")
+    lines = [
+        "### Tuned settings",
+        "",
+        f"Chosen per task and strategy on tuning seeds {t['seeds']} (scenario `{t['scenario']}`, "
+        f"metric `{t['metric']}`: the best mean over them), never used for the comparison. The "
+        f"lr grid is {t['lr']} in x2 steps"
+        + (
+            f", {t['configurations']} configurations per strategy"
+            if t.get("configurations")
+            else ""
+        )
+        + (
+            f", extended by up to {extend} x2 steps while the best point sat at an edge; an "
+            "*edge* choice says why it stopped there"
+            if extend is not None
+            else ""
+        )
+        + ". The curves: `tuning.json`, and below.",
+        "",
+        "| task | " + " | ".join(e for e in _labels(doc)) + " |",
+        "|---|" + "---|" * len(_labels(doc)),
+    ]
+    for task, chosen in doc["tuned_lr"].items():
+        by_label = {k.split("/", 1)[1]: v for k, v in chosen.items()}
+        summaries = {k.split("/", 1)[1]: v for k, v in doc.get("tuned", {}).get(task, {}).items()}
+        cells = []
+        for label in _labels(doc):
+            summary = summaries.get(label)
+            point, _ = tuned_text(summary)
+            if point is None:
+                lr = by_label.get(label)
+                cells.append("-" if lr is None else f"{lr:g}")
+            else:
+                shown = point.removeprefix("lr=")
+                edge = summary["position"] != "interior"
+                cells.append(f"{shown} (edge: {summary['reason']})" if edge else shown)
+        lines.append(f"| {task} | " + " | ".join(cells) + " |")
+    if doc.get("tuned"):
+        lines += ["", f"![tuning curves]({images}tuning.png)"]
+    return [*lines, ""]
 
 
 def _labels(doc: Mapping[str, Any]) -> list[str]:
@@ -256,6 +331,81 @@ def plot_ranking(doc: Mapping[str, Any], path: Path) -> Path | None:
     return save_figure(fig, path, dpi=110)
 
 
+def plot_tuning(curves: Mapping[str, Any], path: Path) -> Path | None:
+    """The tuning curves of ``tuning.json``: per task and tuning scenario, each strategy's
+    mean tuning metric over the tuning seeds against the lr (log2 axis), with its 95% interval,
+    one line per strategy and knob setting; the chosen point is a star, an edge choice a hollow
+    one, and a point where a seed diverged an x at the panel's foot."""
+    from matplotlib.ticker import FuncFormatter
+
+    rows = curves["curves"]
+    panels = list(dict.fromkeys((c["task"], c["scenario"]) for c in rows))
+    if not panels:
+        return None
+    cols = min(3, len(panels))
+    grid_rows = -(-len(panels) // cols)
+    fig, axes = subplots(grid_rows, cols, figsize=(6.5 * cols, 4.2 * grid_rows), squeeze=False)
+    metric = curves["metric"]
+    scale = 100.0 if is_accuracy(metric) else 1.0
+    for ax, (task, scenario) in zip(axes.flat, panels, strict=False):
+        for c in (c for c in rows if (c["task"], c["scenario"]) == (task, scenario)):
+            _tuning_lines(ax, c, scale)
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.set_xlabel("client learning rate")
+        ax.set_ylabel(f"{metric}{' (%)' if scale == 100.0 else ''}, mean and 95% CI")
+        ax.set_title(f"{task} / {scenario}", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6, ncol=2)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.set_visible(False)
+    fig.suptitle(
+        f"Tuning curves over {len(curves['seeds'])} tuning seeds (star: chosen; hollow: at an "
+        "edge; x: a seed diverged)",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    return save_figure(fig, path, dpi=110)
+
+
+def _tuning_lines(ax: Any, curve: Mapping[str, Any], scale: float) -> None:
+    """One strategy's tuning curve(s) on ``ax``: a line per knob setting, its chosen point a
+    star (hollow at an edge)."""
+    by_knobs: dict[str, list[Mapping[str, Any]]] = {}
+    for p in curve["points"]:
+        name = ",".join(f"{k}={v:g}" for k, v in p["knobs"].items())
+        by_knobs.setdefault(name, []).append(p)
+    for name, every in by_knobs.items():
+        points = sorted((p for p in every if p["score"] is not None), key=lambda p: p["lr"])
+        gone = [p["lr"] for p in every if p["score"] is None]  # a seed diverged: no mean
+        if not points:
+            ax.plot(gone, [0.03] * len(gone), "x", transform=ax.get_xaxis_transform())
+            continue
+        ys = scale * np.array([p["mean"] for p in points])
+        lo = scale * np.array(
+            [p["ci_low"] if p["ci_low"] is not None else p["mean"] for p in points]
+        )
+        hi = scale * np.array(
+            [p["ci_high"] if p["ci_high"] is not None else p["mean"] for p in points]
+        )
+        line = ax.errorbar(
+            [p["lr"] for p in points],
+            ys,
+            yerr=[ys - lo, hi - ys],
+            marker="o",
+            ms=3,
+            capsize=2,
+            label=curve["strategy"] + (f" [{name}]" if name else ""),
+        )
+        colour = line[0].get_color()
+        if gone:  # at the foot of the panel, in the line's colour
+            ax.plot(gone, [0.03] * len(gone), "x", color=colour, transform=ax.get_xaxis_transform())
+        for p, y in zip(points, ys, strict=True):
+            if p["lr"] == curve["lr"] and p["knobs"] == curve["knobs"]:
+                hollow = curve["position"] != "interior"
+                ax.plot([p["lr"]], [y], "*", ms=13, color=colour, mfc="none" if hollow else colour)
+
+
 def machine_text(run: Mapping[str, Any]) -> str:
     """An invocation's machine in a line (records before the one ``machine_info`` named the CPU
     ``cpu`` and its count ``cores``)."""
@@ -288,6 +438,9 @@ def write(
     for metric in sorted(set(doc["headline"].values()) - {"stable_accuracy"}):
         plot_heatmap(doc, metric, out / f"heatmap_{metric}.png")
     plot_ranking(doc, out / "ranking.png")
+    curves = tuning_curves(suite, out)
+    write_json(out / "tuning.json", curves)
+    plot_tuning(curves, out / "tuning.png")
     if echo is not None:
         for s in doc["scenarios"]:
             if not s["configured_well"]:

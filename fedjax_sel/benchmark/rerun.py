@@ -25,6 +25,7 @@ from fedjax_sel.config import RunConfig
 from fedjax_sel.experiment.loop import program_key
 from fedjax_sel.experiment.records import Store
 from fedjax_sel.experiment.run import run_group
+from fedjax_sel.experiment.tuning import Point
 
 
 def parse_cell(cell: str, suite: Suite) -> tuple[str, str, str]:
@@ -43,14 +44,18 @@ def parse_cell(cell: str, suite: Suite) -> tuple[str, str, str]:
     return task, scenario, strategy
 
 
-def _order(suite: Suite, record: dict[str, Any], grid: list[float]) -> tuple[int, int]:
-    """Where a record's cell stood in the suite's plan (tuning: learning rate, then seed)."""
+def _order(suite: Suite, record: dict[str, Any], grid: list[Point]) -> tuple[int, int]:
+    """Where a record's cell stood in the suite's plan (tuning: its grid point, learning rate
+    then knobs, then seed; an extension's one point comes after the grid)."""
 
     def position(values: Sequence[Any], value: Any) -> int:
         return list(values).index(value) if value in values else len(values)
 
     if record["phase"] == "tune":
-        return position(grid, record.get("lr")), position(suite.tuning.seeds, record["seed"])
+        knobs = record.get("knobs") or {}
+        names = [k for p in grid[:1] for k, _ in p[1]]  # the grid's knob order
+        point = (record.get("lr"), tuple((k, knobs[k]) for k in names if k in knobs))
+        return position(grid, point), position(suite.tuning.seeds, record["seed"])
     return 0, position(suite.seeds, record["seed"])
 
 
@@ -97,9 +102,11 @@ def rerun_cell(
         for r in store.records.values()
         if (r["phase"], r["scenario"], r["strategy"]) == (ident["phase"], scenario, strategy)
         and "config" in r
+        and r.get("step", 0) == record.get("step", 0)  # a grid's extension ran on its own
         and program_key(RunConfig.from_dict(r["config"])) == key
     ]
-    grid = list(task.lr_grid or suite.tuning.lr)
+    entry = next(e for e in suite.strategies if e.label == strategy)
+    grid = suite.tuning_grid(task, entry)
     group.sort(key=lambda r: _order(suite, r, grid))
     configs = [
         RunConfig.from_dict(r["config"]).replace(parallel=r.get("parallel") or target.parallel)

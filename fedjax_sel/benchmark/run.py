@@ -6,13 +6,17 @@ machine, since its batch is part of its unit):
 
 * **here** (the default): job after job in this process, ``OUT`` locked exclusively;
 * **a shard** (``--shard I/N``): the ``I``-th of ``N`` deterministic shares of the jobs (a job
-  is one strategy on one task: its tuning and the evaluations at the lr it chose), for a
+  is one strategy on one task: its tuning and the evaluations at the point it chose), for a
   SLURM array or machines without Ray. Shards run side by side on one folder: each holds
   ``OUT``'s lock shared and its own part's exclusively, and writes only its part
   (``OUT/parts/shard-I-of-N/``); ``--report-only`` (or any later run) merges them;
 * **on Ray** (``--executor ray``): :mod:`.ray_executor` sends each unit of work (one compiled
-  program: a strategy's tuning grid, or its evaluation seeds in one scenario) to a Ray
-  cluster.
+  program: a strategy's tuning grid, one extension of it, or its evaluation seeds in one
+  scenario) to a Ray cluster.
+
+A strategy's tuning grid extends itself while its best point sits at an edge
+(:mod:`.tuned`): each extension is one more unit, run once the previous ones are recorded, so a
+killed suite resumes its tuning where it stopped like any other unit.
 """
 
 from __future__ import annotations
@@ -28,7 +32,6 @@ from fedjax_sel.benchmark.cells import (
     eval_cells,
     job_units,
     jobs,
-    tuned_lr,
     tuned_scenarios,
     tuning_cells,
 )
@@ -41,6 +44,7 @@ from fedjax_sel.benchmark.suite import (
     load_suite,
     parse_suite,
 )
+from fedjax_sel.benchmark.tuned import TuningState, record_tuned, tuning_state
 from fedjax_sel.benchmark.units import pending_groups, run_group, task_deadlines
 from fedjax_sel.config import RunConfig
 from fedjax_sel.experiment.outdir import owned
@@ -55,6 +59,7 @@ from fedjax_sel.experiment.records import (
     shard_share,
     task_store,
 )
+from fedjax_sel.experiment.tuning import Point
 
 EXECUTORS = ("local", "ray")
 
@@ -203,6 +208,12 @@ class _Progress:
         if self.bar is not None:
             self.bar.update(n)
 
+    def grow(self, n: int) -> None:
+        """``n`` more rounds to run: a tuning grid's extension, not known ahead."""
+        if self.bar is not None:
+            self.bar.total += n
+            self.bar.refresh()
+
     def recorded(self, cells: int) -> None:
         """``cells`` were run and recorded: the invocation's entry is brought up to date."""
         self.entry["cells_run"] += cells
@@ -240,6 +251,33 @@ def _run_cells(
         bar.recorded(len(todo))
 
 
+def _tune(
+    suite: Suite,
+    task: Task,
+    scenario: Scenario,
+    entry: Entry,
+    store: Store,
+    out: Path,
+    deadline: float | None,
+    bar: _Progress,
+    run: Callable[[list[Planned]], None],
+) -> TuningState | None:
+    """``entry``'s tuning on ``task`` in ``scenario``: its grid, then each extension the
+    choice asks for (:func:`~.tuned.tuning_state`), until the choice is final."""
+    ran: tuple[int, list[Point]] | None = None
+    while True:
+        state = tuning_state(suite, task, scenario, entry, store, deadline)
+        if state is None or not state.pending:
+            return state
+        if ran == (state.step, state.pending):  # run, yet not recorded: never loop on it
+            raise RuntimeError(f"{entry.label}'s tuning cells {state.pending} left no record")
+        ran = (state.step, state.pending)
+        cells = tuning_cells(suite, task, scenario, entry, out, deadline, state.pending, state.step)
+        if state.step:  # an extension: rounds the bar did not count
+            bar.grow(len(cells) * _rounds(suite, task, scenario, entry))
+        run(cells)
+
+
 def _run_task(
     suite: Suite,
     task: Task,
@@ -250,24 +288,35 @@ def _run_task(
     echo: Callable,
     entries: Sequence[Entry],
 ) -> None:
-    """The jobs of ``entries`` on ``task``: each strategy's tuning, then its evaluations at the
-    lr it chose."""
-    deadlines = task_deadlines(suite, task, echo)
+    """The jobs of ``entries`` on ``task``: each strategy's tuning (its grid, then any
+    extensions, :mod:`.tuned`), then its evaluations at the point it chose."""
+    deadlines = task_deadlines(suite, task, echo, store.meta)
     store.meta.update(task=task.name, deadlines=deadlines, suite_version=SUITE_VERSION)
     by_name = {s.name: s for s in suite.scenarios}
-    chosen: dict[str, float | None] = {}
+    chosen: dict[str, Any] = {}
+
+    def run(cells: list[Planned]) -> None:
+        _run_cells(cells, store, together, bar, echo)
+
     for entry in entries:
         for tune_name, scenarios in tuned_scenarios(suite, task, entry).items():
             tune_in = by_name[tune_name]
-            cells = tuning_cells(suite, task, tune_in, entry, out, deadlines.get(tune_name))
-            _run_cells(cells, store, together, bar, echo)
-            lr = tuned_lr(suite, task, tune_in, entry, store)
-            chosen[f"{tune_name}/{entry.label}"] = lr
+            deadline = deadlines.get(tune_name)
+            state = _tune(suite, task, tune_in, entry, store, out, deadline, bar, run)
+            record_tuned(chosen, tune_name, entry.label, state)
             for scenario in scenarios:
                 cells = eval_cells(
-                    suite, task, scenario, entry, out, lr, deadlines.get(scenario.name)
+                    suite,
+                    task,
+                    scenario,
+                    entry,
+                    out,
+                    None if state is None else state.lr,
+                    deadlines.get(scenario.name),
+                    None if state is None else state.knobs,
                 )
-                _run_cells(cells, store, together, bar, echo)
-    store.meta["tuned_lr"] = chosen
+                run(cells)
+    store.meta["tuned_lr"] = chosen.get("tuned_lr", {})
+    store.meta["tuned"] = chosen.get("tuned", {})
     if store.records or store.base is None:  # a part that ran nothing leaves no file
         store.save()

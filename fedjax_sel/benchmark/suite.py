@@ -12,10 +12,14 @@ few suite keys (marked *suite* below)::
     stable_fraction = 0.1     # stable accuracy: mean of the last 10% of rounds, each evaluated
     seeds_together = "auto"   # seeds per vmapped batch
     ranking = "headline"      # the metric ranked: each scenario's headline, or a metric name
+    tracks = ["selection", "bundle"]  # (suite) the ranked track first; :mod:`.tracks`
 
-    [tuning]                  # the same budget for every strategy: its client lr from a grid,
-    lr = [0.03, 0.1, 0.3]     # chosen on separate seeds, then compared on the evaluation seeds
-    seeds = [1000, 1001]
+    [tuning]                  # the same budget for every strategy: its client lr (and knobs)
+    lr = { center = 0.1, points = 5 }  # from a log grid in x2 steps (0.025 .. 0.4), or a list
+                              # in x2 steps; chosen on separate seeds, compared on the others
+    configurations = 6        # per strategy: lr points x knob values (default: lr's points)
+    extend = 4                # x2 steps added beyond an edge while the best sits there
+    seeds = [1000, 1001, 1002]  # at least 3, never evaluation seeds
     metric = "stable_accuracy"
     scenario = "ideal"        # tuned once per task in this scenario ("each": in every scenario)
 
@@ -29,11 +33,15 @@ few suite keys (marked *suite* below)::
     deadline_quantile = 0.5   # suite: deadline = this quantile of a uniform round's length
     headline = "time_to_target"
 
-    [[strategies]]            # RunConfig fields, and (suite) label, note, not_applicable
+    [[strategies]]            # RunConfig fields, and (suite) label, note, not_applicable, tune
     strategy = "ca_fed"
+    tune = { tau = [0.5, 1] } # suite: at most two traced knobs tuned with the lr (their
+                              # values x the lr points = configurations)
     per_round = "all"         # every client has a slot (K of the task)
     note = "paper: every available client, weights alpha/pi"
     not_applicable = { "ideal" = "reason" }   # by scenario, task, "task/scenario" or "*"
+    bundle = { aggregation = "strategy" }    # suite: its paper's bundle (the bundle track)
+    reference = false         # suite: true = reported against the baseline, never ranked
     seeds_together = 1        # suite: this strategy's seeds per batch (a lax.cond in its select
                               # runs both branches when seeds are vmapped)
 
@@ -49,39 +57,69 @@ whose record matches is never rerun (a suite can be finished over several runs o
 machines), and a record of another configuration or version is never mixed in: the suite refuses
 to replace it unless ``overwrite`` (``--overwrite``) is given.
 
+Tuning gives every strategy the same budget: the same number of ``configurations`` (lr points
+in x2 steps around the grid's center, times the values of the at most two traced knobs its
+entry names to ``tune``), on at least 3 tuning seeds the evaluation never uses; a grid whose
+best point sits at an edge extends itself by x2 steps (up to ``extend``) until the best is
+interior or the point beyond it diverged, and the record says which
+(:mod:`fedjax_sel.benchmark.tuning` reads the settings, :mod:`fedjax_sel.benchmark.tuned` runs
+and records the choice and the curves).
+
 This module reads suite files; :mod:`fedjax_sel.benchmark.cells` defines the cells and units
-of work (a strategy's tuning grid, its evaluation seeds in a scenario: one compiled program
-each); :mod:`fedjax_sel.benchmark.run` runs them (in this process, as a shard, or on Ray:
-:mod:`fedjax_sel.benchmark.ray_executor`), :mod:`fedjax_sel.experiment.records` keeps and
-merges their records, and :mod:`fedjax_sel.benchmark.leaderboard` turns the records into
-``leaderboard.json/csv/md``, ``ranking.json`` and the pictures.
+of work (a strategy's tuning grid or one extension of it, its evaluation seeds in a scenario:
+one compiled program each); :mod:`fedjax_sel.benchmark.run` runs them (in this process, as a
+shard, or on Ray: :mod:`fedjax_sel.benchmark.ray_executor`), :mod:`fedjax_sel.experiment.
+records` keeps and merges their records, and :mod:`fedjax_sel.benchmark.leaderboard` turns the
+records into ``leaderboard.json/csv/md``, ``ranking.json`` and the pictures.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from fedjax_sel.base import ConfigError
+from fedjax_sel.benchmark.tracks import check_budget, expand, parse_tracks
+from fedjax_sel.benchmark.tuning import (
+    Tuning,
+    check_configurations,
+    check_traced,
+    parse_knobs,
+    parse_tuning,
+)
 from fedjax_sel.config import RunConfig, read_config_file
 from fedjax_sel.experiment.metric_table import CELL_METRICS
 from fedjax_sel.experiment.outdir import check_distinct_folders, folder_name
 from fedjax_sel.experiment.resolve import resolve
 from fedjax_sel.experiment.sweep import check_together, file_table
+from fedjax_sel.experiment.tuning import (
+    Point,
+    doubling_grid,
+    grid_center,
+    parse_doubling_grid,
+)
 from fedjax_sel.input_checks import seed_list
 
 # Bump when what a cell's record means changes (a metric's definition, the engine's numbers):
 # records of another version are recomputed, never mixed with this one's.
 SUITE_VERSION = 1
 
-SUITE_KEYS = {"name", "seeds", "baseline", "stable_fraction", "seeds_together", "ranking"}
-TUNING_KEYS = {"lr", "seeds", "metric", "scenario"}
+SUITE_KEYS = {"name", "seeds", "baseline", "stable_fraction", "seeds_together", "ranking", "tracks"}
 TASK_KEYS = {"target", "budgets", "lr_grid"}
 SCENARIO_KEYS = {"headline", "deadline_quantile"}
-STRATEGY_KEYS = {"label", "note", "not_applicable", "seeds_together"}
+STRATEGY_KEYS = {
+    "label",
+    "note",
+    "not_applicable",
+    "seeds_together",
+    "tune",
+    "bundle",
+    "reference",
+}
 
 
 @dataclasses.dataclass
@@ -110,6 +148,15 @@ class Entry:
     note: str = ""
     not_applicable: dict[str, str] = dataclasses.field(default_factory=dict)
     seeds_together: int | None = None  # seeds per batch for this strategy (else the suite's)
+    tune: dict[str, tuple[float, ...]] = dataclasses.field(default_factory=dict)  # knob values
+    track: str = "bundle"  # :mod:`fedjax_sel.benchmark.tracks`
+    reference: bool = False  # reported against the baseline, never ranked
+    strategy_label: str | None = None  # a bundle-track entry: the selection entry's label
+
+    @property
+    def name(self) -> str:
+        """The strategy's label without its track's suffix."""
+        return self.strategy_label or self.label
 
     def reason(self, task: str, scenario: str) -> str | None:
         """Why this strategy cannot run in (task, scenario), or ``None``."""
@@ -117,18 +164,6 @@ class Entry:
             if key in self.not_applicable:
                 return self.not_applicable[key]
         return None
-
-
-@dataclasses.dataclass
-class Tuning:
-    lr: tuple[float, ...] = ()
-    seeds: tuple[int, ...] = ()
-    metric: str = "stable_accuracy"
-    scenario: str | None = None  # None: the first scenario; "each": every scenario
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.lr) and bool(self.seeds)
 
 
 @dataclasses.dataclass
@@ -145,6 +180,7 @@ class Suite:
     ranking: str = "headline"
     source: dict[str, Any] = dataclasses.field(default_factory=dict)
     override: dict[str, Any] = dataclasses.field(default_factory=dict)
+    tracks: tuple[str, ...] = ("bundle",)
 
     def tuning_scenario(self, scenario: str) -> str:
         """The scenario whose tuning a cell of ``scenario`` uses."""
@@ -154,6 +190,28 @@ class Suite:
 
     def rank_metric(self, scenario: Scenario) -> str:
         return scenario.headline if self.ranking == "headline" else self.ranking
+
+    def lr_points(self, task: Task, entry: Entry) -> int:
+        """How many lr points ``entry`` tunes over on ``task``: the configurations (every
+        strategy's the same) over its knob values (0 without tuning)."""
+        base = task.lr_grid or self.tuning.lr
+        if not self.tuning.enabled or not base:
+            return 0
+        return (self.tuning.configurations or len(base)) // math.prod(map(len, entry.tune.values()))
+
+    def tuning_grid(self, task: Task, entry: Entry) -> list[Point]:
+        """``entry``'s initial tuning configurations on ``task``, lr-major: its
+        :meth:`lr_points` in x2 steps around the grid's center (the task's ``lr_grid`` or
+        ``[tuning] lr``), each with every combination of its knob values."""
+        base = task.lr_grid or self.tuning.lr
+        n = self.lr_points(task, entry)
+        if not n:
+            return []
+        knobs = [
+            tuple(zip(entry.tune, values, strict=True))
+            for values in itertools.product(*entry.tune.values())
+        ]
+        return [(lr, k) for lr in doubling_grid(grid_center(base), n) for k in knobs]
 
 
 # ----------------------------------------------------------------------------- parsing
@@ -244,7 +302,7 @@ def parse_suite(spec: Mapping[str, Any]) -> Suite:
             else ()
         )
         lr_grid = (
-            _numbers(table["lr_grid"], f"[tasks.{name}] lr_grid", positive=True)
+            parse_doubling_grid(table["lr_grid"], f"suite: [tasks.{name}] lr_grid")
             if "lr_grid" in table
             else None
         )
@@ -306,8 +364,12 @@ def parse_suite(spec: Mapping[str, Any]) -> Suite:
                 str(entry.get("note", "")),
                 {str(k): str(v) for k, v in na.items()},
                 _together(entry.get("seeds_together"), f"strategy {entry['strategy']!r}"),
+                parse_knobs(entry, fields),
+                reference=_flag(entry.get("reference", False), entry["strategy"]),
             )
         )
+    tracks = parse_tracks(options.get("tracks"))
+    entries = expand(entries, tracks, raw)
     labels = [e.label for e in entries]
     if len(set(labels)) != len(labels):
         raise ConfigError(
@@ -317,40 +379,7 @@ def parse_suite(spec: Mapping[str, Any]) -> Suite:
     if baseline not in labels:
         raise ConfigError(f"suite: baseline {baseline!r} is not one of the strategies {labels}")
     seeds = _seed_list(options.get("seeds", 10), "[suite] seeds")
-    t = _table(spec, "tuning")
-    bad = set(t) - TUNING_KEYS
-    if bad:
-        raise ConfigError(
-            f"suite: unknown [tuning] key(s) {sorted(bad)}; known: {sorted(TUNING_KEYS)}"
-        )
-    tuning = Tuning()
-    if t and "lr" not in t:
-        raise ConfigError(
-            "suite: [tuning] needs lr = [...], the learning rates every strategy is tuned over "
-            "(or leave the [tuning] table out)"
-        )
-    if t:
-        tuning = Tuning(
-            _numbers(t["lr"], "[tuning] lr", positive=True) if "lr" in t else (),
-            tuple(_seed_list(t.get("seeds", [1000, 1001]), "[tuning] seeds")),
-            str(t.get("metric", "stable_accuracy")),
-            None if t.get("scenario") is None else str(t["scenario"]),
-        )
-        if set(tuning.seeds) & set(seeds):
-            raise ConfigError(
-                f"suite: tuning seeds {sorted(set(tuning.seeds) & set(seeds))} are also evaluation "
-                "seeds; a tuned comparison must not reuse its tuning seeds"
-            )
-        if tuning.metric not in CELL_METRICS:
-            raise ConfigError(
-                f"suite: [tuning] metric {tuning.metric!r} is not one of {list(CELL_METRICS)}"
-            )
-        if tuning.scenario not in (None, "each") and tuning.scenario not in {
-            s.name for s in scenarios
-        }:
-            raise ConfigError(
-                f"suite: [tuning] scenario {tuning.scenario!r} is not a scenario of the suite"
-            )
+    tuning = parse_tuning(_table(spec, "tuning"), seeds, [s.name for s in scenarios])
     fraction = options.get("stable_fraction", 0.1)
     if not (_number(fraction) and 0 < fraction <= 1):
         raise ConfigError(f"suite: stable_fraction must be in (0, 1], got {fraction!r}")
@@ -371,18 +400,39 @@ def parse_suite(spec: Mapping[str, Any]) -> Suite:
         ranking,
         dict(spec),
         override,
+        tracks,
     )
     check_distinct_folders([t.name for t in tasks], "suite: tasks")
     check_distinct_folders([s.name for s in scenarios], "suite: scenarios")
     check_distinct_folders([e.label for e in entries], "suite: strategy labels")
     if any(folder_name(s.name).casefold() == "tuning" for s in scenarios):
         raise ConfigError("suite: no scenario can be named 'tuning' (its folder holds tuning runs)")
+    knobs_checked = set()
     for task in suite.tasks:  # every cell's configuration is valid before anything runs
         for scenario in suite.scenarios:
             for e in suite.strategies:
                 if e.reason(task.name, scenario.name) is None:
-                    resolve(cell_config(suite, task, scenario, e, seed=0, lr=None, deadline=1.0))
+                    config = cell_config(suite, task, scenario, e, seed=0, lr=None, deadline=1.0)
+                    resolve(config)
+                    if e.tune and (task.name, e.label) not in knobs_checked:
+                        check_traced(e.label, e.tune, config)
+                        knobs_checked.add((task.name, e.label))
+    check_budget(suite, lambda task, e: _cell_per_round(suite, task, e))
+    check_configurations(  # the knobs are traced: now count them
+        tuning, {t.name: t.lr_grid or () for t in tasks}, {e.label: e.tune for e in entries}
+    )
     return suite
+
+
+def _flag(value: Any, strategy: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"suite: strategy {strategy!r}: reference must be true or false")
+    return value
+
+
+def _cell_per_round(suite: Suite, task: Task, entry: Entry) -> int:
+    scenario = suite.scenarios[0]
+    return cell_config(suite, task, scenario, entry, seed=0, lr=None, deadline=1.0).per_round
 
 
 def cell_config(
@@ -394,9 +444,11 @@ def cell_config(
     seed: int,
     lr: float | None,
     deadline: float | None,
+    knobs: Mapping[str, float] | None = None,
 ) -> RunConfig:
     """The configuration of one cell: the task's fields, then the scenario's, then the
-    strategy's; ``per_round = "all"`` is the task's number of clients."""
+    strategy's; ``per_round = "all"`` is the task's number of clients; ``knobs``: values of
+    the strategy's tuned knobs (``strategy_args``)."""
     fields = {**task.fields, **scenario.fields, **entry.fields, **suite.override}
     if fields.get("per_round") == "all":
         if task.fields.get("num_clients") is None:
@@ -407,6 +459,8 @@ def cell_config(
         fields["per_round"] = task.fields["num_clients"]
     if lr is not None:
         fields["lr"] = lr
+    if knobs:
+        fields["strategy_args"] = {**(fields.get("strategy_args") or {}), **knobs}
     if scenario.deadline_quantile is not None:
         fields["deadline"] = deadline
     rounds = fields.get("rounds", RunConfig.rounds)

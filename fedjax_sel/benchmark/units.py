@@ -6,23 +6,53 @@ shards, :mod:`.ray_executor` on Ray's workers)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from fedjax_sel.base import ConfigError
-from fedjax_sel.benchmark.cells import Planned, cell_key, cell_metrics, deadline_for
+from fedjax_sel.benchmark.cells import (
+    DEADLINE_CUT_BOUNDS,
+    Planned,
+    cell_key,
+    cell_metrics,
+    deadline_for,
+)
 from fedjax_sel.benchmark.suite import SUITE_VERSION, Suite, Task
 from fedjax_sel.experiment.records import Store, cell_execution
 
 
-def task_deadlines(suite: Suite, task: Task, echo: Callable) -> dict[str, float]:
-    """Each scenario's deadline on ``task`` (those with a ``deadline_quantile``)."""
+def task_deadlines(
+    suite: Suite, task: Task, echo: Callable, meta: dict[str, Any] | None = None
+) -> dict[str, float]:
+    """Each scenario's deadline on ``task`` (those with a ``deadline_quantile``), checked
+    against the realised uniform rounds (:func:`~.cells.deadline_for`): one that cuts fewer
+    than 25% or more than 75% of them is a :class:`ConfigError` naming the scenario, the
+    deadline and the share. ``meta``: the task's record facts, given each scenario's share
+    (``deadline_cut_share``) beside its deadline."""
     deadlines: dict[str, float] = {}
+    shares: dict[str, float] = {}
+    lo, hi = DEADLINE_CUT_BOUNDS
     for scenario in suite.scenarios:
-        if scenario.deadline_quantile is not None:
-            deadlines[scenario.name] = deadline_for(suite, task, scenario)
-            echo(
-                f"{task.name}/{scenario.name}: deadline {deadlines[scenario.name]:g} s, the "
-                f"{scenario.deadline_quantile:g} quantile of a uniform round's length"
+        if scenario.deadline_quantile is None:
+            continue
+        d = deadline_for(suite, task, scenario)
+        where = f"{task.name}/{scenario.name}"
+        if not lo <= d.cut_share <= hi:
+            raise ConfigError(
+                f"suite: scenario {scenario.name!r} on task {task.name!r}: the deadline "
+                f"{d.seconds:g} s (the {scenario.deadline_quantile:g} quantile of a uniform "
+                f"round's length) cuts {100 * d.cut_share:.1f}% of the realised uniform rounds, "
+                f"outside {100 * lo:.0f}-{100 * hi:.0f}%: too many rounds share a length near that "
+                "quantile (give another deadline_quantile, or a system model with more "
+                "spread)"
             )
+        deadlines[scenario.name], shares[scenario.name] = d.seconds, d.cut_share
+        echo(
+            f"{where}: deadline {d.seconds:g} s, the {scenario.deadline_quantile:g} quantile "
+            "of a uniform round's length (availability, dropouts and over-commitment "
+            f"included); it cuts {100 * d.cut_share:.1f}% of the realised uniform rounds"
+        )
+    if meta is not None:
+        meta["deadline_cut_share"] = shares
     return deadlines
 
 

@@ -30,6 +30,7 @@ from fedjax_sel.experiment.provenance import machine_info
 INVOCATIONS = "invocations.json"
 PARTS = "parts"
 PER_SEED = "per_seed"
+MERGED_META = ("deadlines", "tuned_lr", "tuned")  # task facts kept per scenario (and strategy)
 
 
 class Store:
@@ -57,7 +58,8 @@ class Store:
     @staticmethod
     def id(r: Mapping[str, Any]) -> str:
         lr = "" if r.get("lr") is None else f"/lr={r['lr']:g}"
-        return f"{r['phase']}/{r['scenario']}/{r['strategy']}/{r['seed']}{lr}"
+        knobs = "".join(f",{k}={v:g}" for k, v in sorted((r.get("knobs") or {}).items()))
+        return f"{r['phase']}/{r['scenario']}/{r['strategy']}/{r['seed']}{lr}{knobs}"
 
     def lookup(self, ident: Mapping[str, Any]) -> dict[str, Any] | None:
         """The record of ``ident``, whatever its configuration: this store's own, else the
@@ -88,7 +90,10 @@ class Store:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         cells = sorted(
             self.records.values(),
-            key=lambda r: (r["phase"], r["scenario"], r["strategy"], r.get("lr") or 0.0, r["seed"]),
+            key=lambda r: (
+                *(r["phase"], r["scenario"], r["strategy"], r.get("lr") or 0.0, r["seed"]),
+                sorted((r.get("knobs") or {}).items()),  # tuned knobs: after the lr and seed
+            ),
         )
         # keys sorted: the same records give the same bytes, whoever wrote them in what order
         meta = {
@@ -118,13 +123,13 @@ def part_store(out: Path, part: str, task: str, overwrite: bool = False) -> Stor
 
 
 def merge_meta(into: dict[str, Any], meta: Mapping[str, Any]) -> None:
-    """A part's task facts merged into the folder's: its deadlines and tuned learning rates
-    join those already there (the same suite computes the same values)."""
-    for key in ("deadlines", "tuned_lr"):
+    """A part's task facts merged into the folder's: its deadlines, tuned learning rates and
+    tunings join those already there (the same suite computes the same values)."""
+    for key in MERGED_META:
         if key in meta:
             into[key] = {**into.get(key, {}), **meta[key]}
     for key, value in meta.items():
-        if key not in ("deadlines", "tuned_lr"):
+        if key not in MERGED_META:
             into[key] = value
 
 

@@ -101,3 +101,19 @@ def paired_stats(
         "win_rate": wins,
         "pairs": int(d.size),
     }
+
+
+def min_detectable_effect(
+    sd_diff: float, pairs: int, comparisons: int = 1, *, alpha: float = 0.05, power: float = 0.8
+) -> float:
+    """The smallest mean paired difference a two-sided paired t-test finds with probability
+    ``power`` at Holm's strictest level ``alpha / comparisons``: ``(t_{1 - a/2} + t_{power}) *
+    sd_diff / sqrt(pairs)`` with ``pairs - 1`` degrees of freedom (inf below 2 pairs)."""
+    if pairs < 2:
+        return math.inf
+    from scipy import stats
+
+    df = pairs - 1
+    a = alpha / max(comparisons, 1)
+    t = float(stats.t.ppf(1 - a / 2, df)) + float(stats.t.ppf(power, df))
+    return t * sd_diff / math.sqrt(pairs)

@@ -63,8 +63,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from fedjax_sel.base import ConfigError
 from fedjax_sel.config import RunConfig, read_config_file
 from fedjax_sel.experiment import run as run_lib
@@ -73,7 +71,13 @@ from fedjax_sel.experiment.mappings import release_if_crowded
 from fedjax_sel.experiment.outdir import check_distinct_folders, claim, folder_name, owned
 from fedjax_sel.experiment.outputs import SUMMARY, read_json, write_json
 from fedjax_sel.experiment.resolve import Resolved, resolve
-from fedjax_sel.experiment.tuning import Tuning, parse_tuning, setting_name
+from fedjax_sel.experiment.tuning import (
+    Tuning,
+    best_index,
+    parse_tuning,
+    point_score,
+    setting_name,
+)
 from fedjax_sel.input_checks import seed_list
 
 
@@ -356,21 +360,15 @@ def tuned_comparison(sweep: Sweep, out: str | Path, echo: Callable = print) -> d
         entry["values"][cell.config.seed] = metric_value(run_of(cell, ""), tuning.metric)
     choices = []
     for (label, setting), points in scores.items():
-        worst = -math.inf if better else math.inf
         for entry in points.values():
-            finite = [v for v in entry["values"].values() if v is not None and math.isfinite(v)]
-            complete = len(finite) == len(entry["values"])
-            entry["score"] = float(np.mean(finite)) if complete else None
-        ranked = sorted(
-            points.values(),
-            key=lambda e: (worst if e["score"] is None else e["score"]) * (-1 if better else 1),
-        )
+            entry["score"] = point_score(list(entry["values"].values()))
+        best = list(points.values())[best_index([e["score"] for e in points.values()], better)]
         choices.append(
             {
                 "strategy": label,
                 "setting": setting,
-                "chosen": ranked[0]["point"],
-                "score": ranked[0]["score"],
+                "chosen": best["point"],
+                "score": best["score"],
                 "points": [
                     {
                         "point": e["point"],
