@@ -124,6 +124,13 @@ def client_work(
     return ClientWork(scatter(forward_examples), scatter(train_steps), scatter(uploads))
 
 
+def no_work(num_clients: int) -> ClientWork:
+    """A :class:`ClientWork` of nothing (the branch of a ``lax.cond`` that asks nothing, where
+    the other asks something: both must return the same structure)."""
+    zeros = jnp.zeros((num_clients,), jnp.float32)
+    return ClientWork(zeros, zeros, zeros)
+
+
 def loss_pass_work(num_examples: Array, asked: Array) -> ClientWork:
     """The :class:`ClientWork` of a loss pass over each ``asked`` client's whole training set
     (``num_examples``: int32[K]; ``asked``: bool[K])."""

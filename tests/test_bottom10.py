@@ -11,19 +11,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_simulation import planted_logreg
 
 from fedjax_sel.benchmark.cells import cell_metrics
 from fedjax_sel.config import RunConfig
-from fedjax_sel.data import from_client_arrays
-from fedjax_sel.data.datasets import FederatedDataset
-from fedjax_sel.engine import RoundSpec
 from fedjax_sel.engine.oracle import bottom_tenth_mean
-from fedjax_sel.engine.simulation import Simulation
 from fedjax_sel.experiment import run_experiment
 from fedjax_sel.experiment.metric_table import CELL_METRICS, metric
-from fedjax_sel.models import make_model
-from fedjax_sel.strategies import make_strategy
-from fedjax_sel.training import HParams, LocalConfig
+from fedjax_sel.training import HParams
 
 
 def _reference(acc: np.ndarray, has: np.ndarray) -> float:
@@ -73,31 +68,7 @@ def test_the_engines_evaluation_reports_the_bottom_tenth_of_its_clients():
     test_sizes = rng.integers(3, 12, 13).tolist()
     test_sizes[4] = test_sizes[9] = 0
 
-    def arrays(sizes):
-        xs = [rng.normal(size=(n, 6)).astype(np.float32) for n in sizes]
-        return xs, [rng.integers(0, 3, n).astype(np.int32) for n in sizes]
-
-    (txs, tys), (vxs, vys) = arrays(train_sizes), arrays(test_sizes)
-    train = from_client_arrays(txs, tys)
-    test = from_client_arrays(vxs, vys, allow_empty=True)
-    ds = FederatedDataset(
-        "planted",
-        train,
-        test,
-        jnp.asarray(np.concatenate(vxs)),
-        jnp.asarray(np.concatenate(vys)),
-        "classification",
-        3,
-        (6,),
-        "logreg",
-        {},
-    )
-    model = make_model("logreg", input_shape=(6,), num_classes=3)
-    spec = RoundSpec.create(
-        ds, model, make_strategy("uniform", 2), local=LocalConfig(batch_size=4), per_round=2
-    )
-    sim = Simulation(spec, ds, num_rounds=1)
-    params = jax.tree.map(lambda a: a + 0.3, model.init(jax.random.key(1)))
+    sim, params, vxs, vys = planted_logreg(rng, train_sizes, test_sizes)
     scores = sim.evaluate(sim.init(0, params=params, hparams=HParams.of(0.1)))
     w = np.asarray(params["Dense_0"]["kernel"])
     b = np.asarray(params["Dense_0"]["bias"])

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_ca_fed import fake_oracle
 
 from fedjax_sel.availability import estimators as est
 from fedjax_sel.availability.markov_population import (
@@ -24,7 +25,6 @@ from fedjax_sel.availability.markov_population import (
     population_classes,
 )
 from fedjax_sel.base import (
-    ClientOracle,
     ConfigError,
     RoundInputs,
     Selection,
@@ -43,26 +43,6 @@ K = 16
 NAMES = ("unbiased", "adafed", "more_available", "ca_fed")
 # CA-Fed on the planted case: losses known exactly (the training losses, F^* = 0), oracle pi
 CA_FED_ARGS = {"kappa2": 0.01, "optimum": "zero", "loss_source": "train", "estimator": "oracle"}
-
-
-def fake_oracle(losses):
-    """A ClientOracle whose every loss function returns the planted ``losses``."""
-
-    def loss(params, clients, key=None, *a):
-        return jnp.asarray(losses)[clients]
-
-    def unused(*a, **kw):
-        raise AssertionError("not used by these strategies")
-
-    return ClientOracle(
-        loss=loss,
-        batch_loss=loss,
-        all_losses=lambda params: jnp.asarray(losses),
-        train=unused,
-        train_key=jax.random.key(0),
-        server_loss=None,
-        client_test_loss=None,
-    )
 
 
 def _spec(per_round):

@@ -161,16 +161,12 @@ def test_evaluate_matches_direct_computation(digits):
     assert 0 <= scores["client_test_accuracy_mean"] <= 1
 
 
-@pytest.mark.parametrize("layout", ["padded", "flat"])
-def test_per_client_test_means_match_numpy(layout):
-    """``client_test_accuracy_mean`` / ``client_test_loss_mean`` (FedCVR-Bolt's Tables 1-2 and
-    IFCA/FeSEM's metric): each client's mean over its own test examples, then the plain mean
-    over the clients that hold test data; padded rows and test-less clients do not count."""
+def planted_logreg(rng, train_sizes, test_sizes, layout: str = "auto"):
+    """A logistic model's one-round simulation (uniform, 2 slots) on planted clients of 6
+    features and 3 classes, with test splits of their own (size 0: none), drawn from ``rng``;
+    returns it with the parameters to evaluate (the init plus 0.3) and the test arrays."""
     from fedjax_sel.data import from_client_arrays
     from fedjax_sel.data.datasets import FederatedDataset
-
-    rng = np.random.default_rng(0)
-    train_sizes, test_sizes = [5, 9, 4, 6], [3, 0, 7, 1]  # client 1 has no test data
 
     def arrays(sizes):
         xs = [rng.normal(size=(n, 6)).astype(np.float32) for n in sizes]
@@ -197,6 +193,17 @@ def test_per_client_test_means_match_numpy(layout):
     )
     sim = Simulation(spec, ds, num_rounds=1)
     params = jax.tree.map(lambda a: a + 0.3, model.init(jax.random.key(1)))
+    return sim, params, vxs, vys
+
+
+@pytest.mark.parametrize("layout", ["padded", "flat"])
+def test_per_client_test_means_match_numpy(layout):
+    """``client_test_accuracy_mean`` / ``client_test_loss_mean`` (FedCVR-Bolt's Tables 1-2 and
+    IFCA/FeSEM's metric): each client's mean over its own test examples, then the plain mean
+    over the clients that hold test data; padded rows and test-less clients do not count."""
+    rng = np.random.default_rng(0)
+    train_sizes, test_sizes = [5, 9, 4, 6], [3, 0, 7, 1]  # client 1 has no test data
+    sim, params, vxs, vys = planted_logreg(rng, train_sizes, test_sizes, layout)
     state = sim.init(0, params=params, hparams=LR)
     scores = sim.evaluate(state)
     w = np.asarray(state.params["Dense_0"]["kernel"])

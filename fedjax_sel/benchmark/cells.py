@@ -129,6 +129,7 @@ def uniform_rounds(
 
     from fedjax_sel.engine import phases
     from fedjax_sel.engine import system as system_lib
+    from fedjax_sel.engine.state import environment_states
     from fedjax_sel.kernels import uniform_without_replacement
 
     @jax.jit
@@ -138,7 +139,7 @@ def uniform_rounds(
             k_avail, k_select, _ = phases.round_keys(clock)
             available, avail_state = availability.step(avail_state, k_avail)
             # the engine's own per-purpose tags, so each draw is the run's
-            ms, bw = system.step(system_state, phases.round_key(clock, phases._SYSTEM))
+            ms, bw = system.step(system_state, phases.system_key(clock))
             compute, comm = system_lib.durations(ms, bw, samples, kbit)
             clients, mask = uniform_without_replacement(k_select, available, slots)
             timing = system_lib.round_timing(
@@ -146,7 +147,7 @@ def uniform_rounds(
                 compute[clients],
                 comm[clients],
                 steps[clients],
-                phases.round_key(clock, phases._DROPOUT),
+                phases.dropout_key(clock),
                 keep_count=per_round,
                 deadline=None,
                 dropout=dropout,
@@ -156,14 +157,9 @@ def uniform_rounds(
         return jax.lax.scan(one, avail_state, jnp.arange(rounds, dtype=jnp.int32))[1]
 
     def lengths(sim_key, samples, steps, sim=None) -> np.ndarray:
-        k = samples.shape[0]
-        # the initial states as engine.state.init_state draws them
-        avail_key = jax.random.fold_in(sim_key, 102)
-        if availability.needs_spec:
-            avail_state = availability.init(avail_key, k, sim)
-        else:
-            avail_state = availability.init(avail_key, k)
-        system_state = system.init(jax.random.fold_in(sim_key, 103), k)
+        avail_state, system_state = environment_states(
+            availability, system, sim_key, samples.shape[0], sim
+        )
         return np.asarray(scan(sim_key, avail_state, system_state, samples, steps))
 
     return lengths
@@ -184,7 +180,7 @@ def realised_uniform_rounds(suite: Suite, task: Task, scenario: Scenario) -> np.
 
     from fedjax_sel.availability import AVAILABILITY
     from fedjax_sel.engine import system as system_lib
-    from fedjax_sel.engine.state import sim_spec
+    from fedjax_sel.engine.state import seed_keys, sim_spec
     from fedjax_sel.experiment.build import load_data_for, model_for
 
     baseline = next(e for e in suite.strategies if e.label == suite.baseline)
@@ -220,12 +216,12 @@ def realised_uniform_rounds(suite: Suite, task: Task, scenario: Scenario) -> np.
             config.local_steps,
             config.local_epochs,
         )
-        base = jax.random.key(seed)  # the simulation's keys, as Simulation.init folds them
+        model_key, sim_key = seed_keys(seed)  # the simulation's keys, as Simulation.init's
         sim = None
         if availability.needs_spec:
-            params = model.init(jax.random.fold_in(base, 1))
+            params = model.init(model_key)
             sim = sim_spec(dataset, params, per_round=slots, num_rounds=config.rounds)
-        lengths.append(run(jax.random.fold_in(base, 2), samples, steps, sim))
+        lengths.append(run(sim_key, samples, steps, sim))
     return np.stack(lengths)
 
 

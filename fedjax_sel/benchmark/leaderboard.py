@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from fedjax_sel.benchmark.suite import SUITE_VERSION, Suite
-from fedjax_sel.benchmark.tracks import track_labels
+from fedjax_sel.benchmark.tracks import ranked_entries, track_labels
 from fedjax_sel.benchmark.tuned import tuned_text
 from fedjax_sel.experiment.metric_table import (
     CELL_METRICS,
@@ -318,50 +318,41 @@ def detectable_effects(suite: Suite, stores: Mapping[str, Store]) -> list[dict[s
     strictest level over the track's comparisons of that metric), from the paired differences'
     standard deviation pooled over the track's strategies."""
     out = []
-    by_label = {e.label: e for e in suite.strategies}
     for track in suite.tracks:
-        labels = [x for x in track_labels(suite.strategies, track) if not by_label[x].reference]
-        comparisons = sum(
-            1
+        entries = [e for e in ranked_entries(suite.strategies, track) if e.label != suite.baseline]
+        cells = [
+            (task, scenario, [e for e in entries if e.reason(task.name, scenario.name) is None])
             for task in suite.tasks
             for scenario in suite.scenarios
-            for x in labels
-            if x != suite.baseline and by_label[x].reason(task.name, scenario.name) is None
-        )
-        for task in suite.tasks:
-            for scenario in suite.scenarios:
-                metric = suite.rank_metric(scenario)
-                base = per_seed(stores[task.name], scenario.name, suite.baseline, suite.seeds)
-                variances, pairs = [], []
-                for x in labels:
-                    if x == suite.baseline or by_label[x].reason(task.name, scenario.name):
-                        continue
-                    mine = per_seed(stores[task.name], scenario.name, x, suite.seeds)
-                    d = [
-                        _value(mine[s], metric) - _value(base[s], metric)
-                        for s in mine
-                        if s in base
-                        and _value(mine[s], metric) is not None
-                        and _value(base[s], metric) is not None
-                    ]
-                    if len(d) >= MIN_PAIRS:
-                        variances.append(float(np.var(d, ddof=1)))
-                        pairs.append(len(d))
-                if not pairs:
-                    continue
-                sd = math.sqrt(float(np.mean(variances)))
-                out.append(
-                    {
-                        "task": task.name,
-                        "scenario": scenario.name,
-                        "track": track,
-                        "metric": metric,
-                        "pairs": min(pairs),
-                        "comparisons": comparisons,
-                        "sd_diff": sd,
-                        "mde": min_detectable_effect(sd, min(pairs), comparisons),
-                    }
-                )
+        ]
+        comparisons = sum(len(compared) for *_, compared in cells)
+        for task, scenario, compared in cells:
+            metric = suite.rank_metric(scenario)
+            store = stores[task.name]
+            base = per_seed(store, scenario.name, suite.baseline, suite.seeds)
+            variances, pairs = [], []
+            for e in compared:
+                mine = per_seed(store, scenario.name, e.label, suite.seeds)
+                both = [(_value(mine[s], metric), _value(base.get(s), metric)) for s in mine]
+                d = [x - y for x, y in both if x is not None and y is not None]
+                if len(d) >= MIN_PAIRS:
+                    variances.append(float(np.var(d, ddof=1)))
+                    pairs.append(len(d))
+            if not pairs:
+                continue
+            sd = math.sqrt(float(np.mean(variances)))
+            out.append(
+                {
+                    "task": task.name,
+                    "scenario": scenario.name,
+                    "track": track,
+                    "metric": metric,
+                    "pairs": min(pairs),
+                    "comparisons": comparisons,
+                    "sd_diff": sd,
+                    "mde": min_detectable_effect(sd, min(pairs), comparisons),
+                }
+            )
     return out
 
 
@@ -369,14 +360,14 @@ def rank(suite: Suite, stores: Mapping[str, Store], track: str | None = None) ->
     """Mean rank over (task, scenario) cells with a seed-bootstrap interval (module doc), of
     the ranked (non-reference) strategies of ``track`` (default: the ranked track)."""
     track = track or suite.tracks[0]
-    by_label = {e.label: e for e in suite.strategies}
-    labels = [x for x in track_labels(suite.strategies, track) if not by_label[x].reference]
+    entries = ranked_entries(suite.strategies, track)
+    labels = [e.label for e in entries]
     cells = []
     identical: dict[str, dict[str, str]] = {}
     for task in suite.tasks:
         store = stores[task.name]
         for scenario in suite.scenarios:
-            usable = [x for x in labels if by_label[x].reason(task.name, scenario.name) is None]
+            usable = [e.label for e in entries if e.reason(task.name, scenario.name) is None]
             metric = suite.rank_metric(scenario)
             kept, matrix = _cell_matrix(store, scenario.name, usable, suite.seeds, metric)
             if len(kept) == len(usable) >= 2:  # a cell is ranked once all of it has run

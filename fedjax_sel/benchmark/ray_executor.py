@@ -41,14 +41,13 @@ from typing import Any
 from fedjax_sel.base import ConfigError
 from fedjax_sel.benchmark.cells import (
     Planned,
-    eval_cells,
     job_units,
     jobs,
     tuned_scenarios,
     tuning_cells,
 )
 from fedjax_sel.benchmark.suite import SUITE_VERSION, Entry, Suite, Task
-from fedjax_sel.benchmark.tuned import record_tuned, tuning_state
+from fedjax_sel.benchmark.tuned import record_tuned, tuned_eval_cells, tuning_state
 from fedjax_sel.benchmark.units import pending_groups, run_group, task_deadlines
 from fedjax_sel.experiment.outdir import folder_name
 from fedjax_sel.experiment.outputs import read_json, write_json
@@ -223,15 +222,8 @@ def _drive(ray, suite, tasks, out, *, together, overwrite, progress, echo, job_c
                 return
             record_tuned(stores[task.name].meta, tune_name, entry_.label, state)
             for scenario in scenarios:
-                cells = eval_cells(
-                    suite,
-                    task,
-                    scenario,
-                    entry_,
-                    out,
-                    None if state is None else state.lr,
-                    deadlines.get(scenario.name),
-                    None if state is None else state.knobs,
+                cells = tuned_eval_cells(
+                    suite, task, scenario, entry_, out, state, deadlines.get(scenario.name)
                 )
                 submit(_unit_name(task, "eval", scenario.name, entry_), task, cells, None)
 

@@ -29,7 +29,6 @@ from typing import Any
 from fedjax_sel.base import ConfigError
 from fedjax_sel.benchmark.cells import (
     Planned,
-    eval_cells,
     job_units,
     jobs,
     tuned_scenarios,
@@ -44,7 +43,7 @@ from fedjax_sel.benchmark.suite import (
     load_suite,
     parse_suite,
 )
-from fedjax_sel.benchmark.tuned import TuningState, record_tuned, tuning_state
+from fedjax_sel.benchmark.tuned import TuningState, record_tuned, tuned_eval_cells, tuning_state
 from fedjax_sel.benchmark.units import pending_groups, run_group, task_deadlines
 from fedjax_sel.config import RunConfig
 from fedjax_sel.experiment.outdir import owned
@@ -305,15 +304,8 @@ def _run_task(
             state = _tune(suite, task, tune_in, entry, store, out, deadline, bar, run)
             record_tuned(chosen, tune_name, entry.label, state)
             for scenario in scenarios:
-                cells = eval_cells(
-                    suite,
-                    task,
-                    scenario,
-                    entry,
-                    out,
-                    None if state is None else state.lr,
-                    deadlines.get(scenario.name),
-                    None if state is None else state.knobs,
+                cells = tuned_eval_cells(
+                    suite, task, scenario, entry, out, state, deadlines.get(scenario.name)
                 )
                 run(cells)
     store.meta["tuned_lr"] = chosen.get("tuned_lr", {})

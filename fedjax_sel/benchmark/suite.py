@@ -414,10 +414,10 @@ def parse_suite(spec: Mapping[str, Any]) -> Suite:
                 if e.reason(task.name, scenario.name) is None:
                     config = cell_config(suite, task, scenario, e, seed=0, lr=None, deadline=1.0)
                     resolve(config)
+                    check_budget(task, e, config.per_round)
                     if e.tune and (task.name, e.label) not in knobs_checked:
                         check_traced(e.label, e.tune, config)
                         knobs_checked.add((task.name, e.label))
-    check_budget(suite, lambda task, e: _cell_per_round(suite, task, e))
     check_configurations(  # the knobs are traced: now count them
         tuning, {t.name: t.lr_grid or () for t in tasks}, {e.label: e.tune for e in entries}
     )
@@ -428,11 +428,6 @@ def _flag(value: Any, strategy: str) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"suite: strategy {strategy!r}: reference must be true or false")
     return value
-
-
-def _cell_per_round(suite: Suite, task: Task, entry: Entry) -> int:
-    scenario = suite.scenarios[0]
-    return cell_config(suite, task, scenario, entry, seed=0, lr=None, deadline=1.0).per_round
 
 
 def cell_config(

@@ -91,32 +91,37 @@ def expand(entries: Sequence[Any], tracks: Sequence[str], raw: Sequence[Mapping]
     return out
 
 
-def track_labels(strategies: Sequence[Any], track: str) -> list[str]:
-    """The labels whose records make up ``track``: its own entries, and in the bundle track
+def track_entries(strategies: Sequence[Any], track: str) -> list[Any]:
+    """The entries whose records make up ``track``: its own entries, and in the bundle track
     the selection entries that have no bundle of their own (the same cells)."""
     if track == "selection" or not any(e.track == "selection" for e in strategies):
-        return [e.label for e in strategies if e.track == track]
+        return [e for e in strategies if e.track == track]
     own = {e.strategy_label for e in strategies if e.track == "bundle"}
     return [
-        e.label
+        e
         for e in strategies
         if (e.track == "bundle") or (e.track == "selection" and e.label not in own)
     ]
 
 
-def check_budget(suite: Any, per_round_of) -> None:
-    """Every ranked (non-reference) strategy trains the task's ``per_round`` on every task
-    (``per_round_of(task, entry)``: the cell's ``per_round``)."""
-    for task in suite.tasks:
-        want = task.fields.get("per_round")
-        for e in suite.strategies:
-            if e.reference:
-                continue
-            got = per_round_of(task, e)
-            if want is not None and got != want:
-                raise ConfigError(
-                    f"suite: strategy {e.label!r} trains per_round={got} clients a round on task "
-                    f"{task.name!r}, whose ranked strategies all train {want}: give it a budget "
-                    "variant within the task's per_round, or mark it reference = true (reported, "
-                    "never ranked)"
-                )
+def track_labels(strategies: Sequence[Any], track: str) -> list[str]:
+    """The labels of :func:`track_entries`."""
+    return [e.label for e in track_entries(strategies, track)]
+
+
+def ranked_entries(strategies: Sequence[Any], track: str) -> list[Any]:
+    """The entries ``track`` ranks: :func:`track_entries` but the references."""
+    return [e for e in track_entries(strategies, track) if not e.reference]
+
+
+def check_budget(task: Any, entry: Any, per_round: int) -> None:
+    """A ranked (non-reference) strategy's cell trains the task's ``per_round`` (``per_round``:
+    the cell's)."""
+    want = task.fields.get("per_round")
+    if entry.reference or want is None or per_round == want:
+        return
+    raise ConfigError(
+        f"suite: strategy {entry.label!r} trains per_round={per_round} clients a round on task "
+        f"{task.name!r}, whose ranked strategies all train {want}: give it a budget variant "
+        "within the task's per_round, or mark it reference = true (reported, never ranked)"
+    )

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from fedjax_sel.benchmark.cells import cell_key, tuning_cells
+from fedjax_sel.benchmark.cells import Planned, cell_key, eval_cells, tuning_cells
 from fedjax_sel.benchmark.suite import SUITE_VERSION, Entry, Scenario, Suite, Task, Tuning
 from fedjax_sel.experiment.metric_table import higher_is_better
 from fedjax_sel.experiment.records import Store
@@ -126,6 +126,22 @@ def record_tuned(meta: dict[str, Any], scenario: str, label: str, state: TuningS
     meta.setdefault("tuned_lr", {})[key] = None if state is None else state.lr
     if state is not None:
         meta.setdefault("tuned", {})[key] = state.summary()
+
+
+def tuned_eval_cells(
+    suite: Suite,
+    task: Task,
+    scenario: Scenario,
+    entry: Entry,
+    out: Path,
+    state: TuningState | None,
+    deadline: float | None,
+) -> list[Planned]:
+    """``entry``'s evaluation cells in ``scenario`` at the point its tuning ``state`` chose
+    (``None``, no tuning: the task's own lr and the knobs' defaults)."""
+    if state is None:
+        return eval_cells(suite, task, scenario, entry, out, None, deadline)
+    return eval_cells(suite, task, scenario, entry, out, state.lr, deadline, state.knobs)
 
 
 def tuned_text(summary: Mapping[str, Any] | None) -> tuple[str | None, str | None]:

@@ -44,9 +44,19 @@ def round_key(state: SimState, tag: int) -> Array:
     return jax.random.fold_in(jax.random.fold_in(state.key, state.round), tag)
 
 
+def system_key(state: SimState) -> Array:
+    """The round's key of the device profiles' per-round speeds."""
+    return round_key(state, _SYSTEM)
+
+
+def dropout_key(state: SimState) -> Array:
+    """The round's key of the selected clients' dropouts."""
+    return round_key(state, _DROPOUT)
+
+
 def client_durations(spec: RoundSpec, state: SimState, data: SimData) -> tuple[Array, Array, Array]:
     """Per client this round: compute and communication seconds and full SGD steps."""
-    ms, bw = spec.system.step(state.system_state, round_key(state, _SYSTEM))
+    ms, bw = spec.system.step(state.system_state, system_key(state))
     samples, steps = client_work(
         data.train.counts,
         spec.local.batch_size,
@@ -72,7 +82,7 @@ def apply_timing(
     requested = selection.mask
     zero = jnp.zeros((), jnp.float32)
     none = jnp.zeros((), jnp.int32)
-    k_drop = round_key(state, _DROPOUT)
+    k_drop = dropout_key(state)
     if system is None:
         if spec.dropout == 0.0:
             return selection, SlotTiming(

@@ -28,6 +28,7 @@ from fedjax_sel.engine.state import (
     SimData,
     SimState,
     init_state,
+    seed_keys,
     sim_spec,
     stack_states,
     state_axes,
@@ -124,16 +125,16 @@ class Simulation:
         (default: the simulation's). ``hparams``: the traced hyperparameters of this member;
         ``strategy_hparams``: values of the strategy's traced hyperparameters
         (``Strategy.hyperparams``; default: those it was built with)."""
-        base = jax.random.key(seed)
+        model_key, sim_key = seed_keys(seed)
         if params is None:
-            params = self.spec.model.init(jax.random.fold_in(base, 1))
+            params = self.spec.model.init(model_key)
         sim = sim_spec(
             dataset or self.dataset,
             params,
             per_round=self.spec.slots,
             num_rounds=self.num_rounds,
         )
-        return init_state(self.spec, sim, jax.random.fold_in(base, 2), hparams, strategy_hparams)
+        return init_state(self.spec, sim, sim_key, hparams, strategy_hparams)
 
     # ----------------------------------------------------------------------------- running
     def run_rounds(

@@ -88,6 +88,29 @@ def sim_spec(
     )
 
 
+def seed_keys(seed: int) -> tuple[Array, Array]:
+    """A seed's ``(model key, simulation key)``: its initial parameters are drawn from the
+    first, and :func:`init_state` folds every state and round key from the second."""
+    base = jax.random.key(seed)
+    return jax.random.fold_in(base, 1), jax.random.fold_in(base, 2)
+
+
+def environment_states(
+    availability, system, key: Array, num_clients: int, sim: SimSpec | None = None
+) -> tuple[Any, Any]:
+    """The availability process's and the device profiles' (``None`` without) initial states
+    of the simulation whose key is ``key``, as :func:`init_state` draws them (``sim``: for an
+    availability model that reads it)."""
+    k = num_clients
+    avail_key = jax.random.fold_in(key, 102)
+    if availability.needs_spec:
+        availability_state = availability.init(avail_key, k, sim)
+    else:
+        availability_state = availability.init(avail_key, k)
+    system_state = None if system is None else system.init(jax.random.fold_in(key, 103), k)
+    return availability_state, system_state
+
+
 def init_state(
     spec: RoundSpec,
     sim: SimSpec,
@@ -117,11 +140,9 @@ def init_state(
     strategy_state = init_with_hyperparams(
         spec.strategy, jax.random.fold_in(key, 101), sim, strategy_hparams or {}
     )
-    avail_key = jax.random.fold_in(key, 102)
-    if spec.availability.needs_spec:
-        availability_state = spec.availability.init(avail_key, k, sim)
-    else:
-        availability_state = spec.availability.init(avail_key, k)
+    availability_state, system_state = environment_states(
+        spec.availability, spec.system, key, k, sim
+    )
     client_states = None
     if spec.persistent_client_state:
         one = client_optimizer(spec.local, hparams.lr).init(params)
@@ -137,9 +158,7 @@ def init_state(
         selection_counts=jnp.zeros((k,), jnp.int32),
         weight_sums=jnp.zeros((k,), jnp.float32),
         sim_time=jnp.zeros((), jnp.float32),
-        system_state=None
-        if spec.system is None
-        else spec.system.init(jax.random.fold_in(key, 103), k),
+        system_state=system_state,
         async_state=None
         if spec.asynchronous is None
         else init_slots(params, spec.asynchronous.concurrency),

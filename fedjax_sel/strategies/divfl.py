@@ -65,6 +65,7 @@ from fedjax_sel.base import (
     SimSpec,
     Strategy,
     client_work,
+    no_work,
 )
 from fedjax_sel.kernels import uniform_without_replacement
 from fedjax_sel.members import members_cond
@@ -276,9 +277,8 @@ def divfl(
     def regular(state: DivFLState, inputs: RoundInputs, oracle, key):
         sel = pick(state, inputs, key)
         trained = oracle.train(inputs.params, sel.clients, oracle.train_key, sel.mask)
-        k_count = inputs.available.shape[0]
-        nothing = client_work(k_count, sel.clients, jnp.zeros(sel.mask.shape, bool))
-        return sel._replace(train_result=trained, work=nothing), state
+        work = no_work(inputs.available.shape[0])
+        return sel._replace(train_result=trained, work=work), state
 
     def select(state: DivFLState, inputs: RoundInputs, oracle, key):
         if not warm_start:

@@ -76,7 +76,7 @@ from typing import Literal, NamedTuple, get_args
 import jax
 import jax.numpy as jnp
 
-from fedjax_sel.base import Array, ClientWork, ConfigError, Selection, Strategy, client_work
+from fedjax_sel.base import Array, ConfigError, Selection, Strategy, client_work, no_work
 from fedjax_sel.kernels import gp, uniform_without_replacement
 from fedjax_sel.members import members_cond
 from fedjax_sel.strategies._common import Weighting, check_weighting, fedavg_weights
@@ -247,7 +247,7 @@ def fedcor(
             need = (t == 0) | warm | gp_round
 
             zeros = jnp.zeros((k,), jnp.float32)
-            none = ClientWork(zeros, zeros, zeros)
+            none = no_work(k)
 
             def evaluate(_):
                 cur = losses_of(oracle, inputs.params, k)

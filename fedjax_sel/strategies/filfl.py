@@ -36,6 +36,7 @@ from fedjax_sel.base import (
     TrainResult,
     add_work,
     client_work,
+    no_work,
 )
 from fedjax_sel.kernels.double_greedy import (
     MAX_BRUTE_FORCE,
@@ -355,12 +356,10 @@ def filfl(
         sel, inner_state = choose(state.inner, inputs, eligible, oracle, key)
         trained = oracle.train(inputs.params, sel.clients, oracle.train_key, sel.mask)
         zeros = {name: jnp.zeros((), jnp.float32) for name in keys}
-        k = inputs.available.shape[0]
-        nothing = client_work(k, sel.clients, jnp.zeros(sel.mask.shape, bool))
         sel = sel._replace(
             train_result=trained,
             diagnostics={**sel.diagnostics, **zeros},
-            work=add_work(sel.work, nothing),
+            work=add_work(sel.work, no_work(inputs.available.shape[0])),
         )
         return sel, inner_state, state.filtered
 
