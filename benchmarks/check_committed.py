@@ -4,12 +4,12 @@ A refactor that promises "behaviour unchanged" (issue 57) is checked here agains
 code committed before it: the rerun must give the same floats, not close ones. Two samples:
 
 * **suite**: cells of the committed selection benchmark (``benchmarks/selection/cpu.toml``,
-  records in ``benchmarks/results/selection/cpu/per_seed/``). The committed records predate
-  ``suite --rerun`` (they keep neither their configuration nor their batch), so the cells are
-  rerun the way the suite resumes: a temporary ``--out`` gets the committed records of the task
-  less the sampled cells, and ``fedjax-sel suite`` runs just those, each strategy's program
-  group as the suite plans it (its lr grid, then each scenario's seeds at the lr it chose),
-  with a fixed batch; every metric of every rerun record is compared with the committed one.
+  records in ``benchmarks/results/selection/cpu/per_seed/``). Each record keeps its whole
+  configuration, its batch and its client parallelism, so each sampled cell is rerun by
+  ``fedjax-sel suite FILE --out RESULTS --rerun TASK/SCENARIO/STRATEGY --seed S [--lr X
+  --knob K=V]``, which runs the cell's program group as the suite ran it and compares every
+  metric and cost series with the record (it writes nothing). The sample: one seed of each
+  scenario of a few strategies' evaluations, and one tuning cell of each strategy.
 * **studies**: one reproduction per paper at cpu size, a small share of one committed folder
   (``benchmarks/results/reproduce/<paper>/<folder>/``): fewer seeds and one part or table,
   with the batch fixed, run by ``fedjax-sel reproduce`` into a temporary folder; every
@@ -63,8 +63,9 @@ SUITE_TASK = "digits"
 
 @dataclass(frozen=True)
 class SuiteSample:
-    """Cells of the committed suite rerun: ``phase`` of ``strategies`` (tune: each one's lr
-    grid on the tuning seeds; eval: every scenario's evaluation seeds at the lr it chose)."""
+    """Cells of the committed suite rerun one by one (``suite --rerun``): in ``phase`` (eval:
+    the first evaluation seed of each scenario; tune: the first recorded tuning cell) of
+    ``strategies``."""
 
     name: str
     phase: str
@@ -72,47 +73,37 @@ class SuiteSample:
     note: str
     committed: bool = True  # False: the committed values are known to differ (see ``note``)
 
-    def holds(self, record: Mapping[str, Any]) -> bool:
-        return record["phase"] == self.phase and record["strategy"] in self.strategies
+    def cells(self, records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+        """The records sampled: per strategy and scenario, the one of the smallest seed (and
+        lr, then knobs)."""
+        chosen: dict[tuple[str, str], Mapping[str, Any]] = {}
+        for r in sorted(records, key=_order):
+            if r["phase"] == self.phase and r["strategy"] in self.strategies:
+                chosen.setdefault((r["strategy"], r["scenario"]), r)
+        return list(chosen.values())
+
+
+def _order(record: Mapping[str, Any]) -> tuple:
+    knobs = sorted((record.get("knobs") or {}).items())
+    return (record["seed"], record.get("lr") or 0.0, knobs)
 
 
 SUITE_SAMPLES = (
     SuiteSample(
         "suite tune",
         "tune",
-        (
-            "uniform",
-            "power_of_choice",
-            "oort",
-            "filfl",
-            "fedcvr_bolt",
-            "hetero_select",
-            "active_fl",
-            "f3ast",
-            "full",
-            "unbiased",
-            "adafed",
-            "more_available",
-            "ca_fed",
-        ),
-        "the tuning cells (ideal scenario, 3 lrs x 2 seeds, batches of 2) of every applicable "
-        "strategy but divfl (5 of its 6 committed tuning cells differ on the code before "
-        "issue 57 too)",
+        ("uniform", "power_of_choice", "divfl", "filfl", "fedcor", "full"),
+        "one tuning cell (ideal scenario, the first tuning seed and lr) of six strategies, "
+        "each rerun with its whole tuning grid's program group",
     ),
     SuiteSample(
         "suite eval",
         "eval",
-        ("uniform", "oort", "divfl", "fedcvr_bolt", "ca_fed"),
-        "evaluation cells of five strategies in every scenario (10 seeds each, at the lr the "
-        "committed tuning chose): the committed records predate the code (on the code before "
-        "issue 57, 3 to 10 of a strategy's 10 cells in a scenario differ from them, whatever "
-        "the batch), so they are checked against a baseline run of this script (--against)",
-        committed=False,
+        ("uniform", "oort", "hetero_select", "ca_fed", "power_of_choice.bundle"),
+        "the first evaluation seed of five strategies in every scenario they run in, each "
+        "rerun with its 20 seeds' program group",
     ),
 )
-# seeds per vmapped batch (the committed run measured it; a strategy's own value in the file
-# wins); the tuning groups batch their two seeds together
-SUITE_TOGETHER = 2
 
 
 @dataclass(frozen=True)
@@ -286,9 +277,9 @@ def compare(expected: Mapping[str, Any], rerun: Mapping[str, Any]) -> dict[str, 
 
 
 # ---------------------------------------------------------------------------- running
-def cli(args: Sequence[str], log: Path, env: Mapping[str, str]) -> float:
+def cli(args: Sequence[str], log: Path, env: Mapping[str, str], ok: Sequence[int] = (0,)) -> float:
     """Runs ``python -m fedjax_sel ARGS`` from the repository root (output to ``log``) and
-    returns its wall seconds; raises when it fails."""
+    returns its wall seconds; raises when it exits with a status not in ``ok``."""
     start = time.perf_counter()
     with log.open("w") as f:
         done = subprocess.run(
@@ -300,52 +291,51 @@ def cli(args: Sequence[str], log: Path, env: Mapping[str, str]) -> float:
             check=False,
         )
     seconds = time.perf_counter() - start
-    if done.returncode != 0:
+    if done.returncode not in ok:
         tail = log.read_text()[-3000:]
         raise RuntimeError(f"fedjax-sel {' '.join(args)} exited {done.returncode}:\n{tail}")
     return seconds
 
 
-def _cell_values(records: Sequence[Mapping[str, Any]], sample: SuiteSample) -> dict[str, Any]:
-    """``phase/scenario/strategy/seed[/lr]:metric`` -> value of the sample's records."""
-    out = {}
-    for r in records:
-        if sample.holds(r):
-            ident = [r["phase"], r["scenario"], r["strategy"], f"seed{r['seed']}"]
-            ident += [] if r.get("lr") is None else [f"lr{r['lr']}"]
-            for metric, value in r["metrics"].items():
-                out[f"{'/'.join(ident)}:{metric}"] = value
-    return out
+def rerun_args(record: Mapping[str, Any]) -> list[str]:
+    """``suite --rerun --json`` arguments naming a record's cell."""
+    cell = f"{SUITE_TASK}/{record['scenario']}/{record['strategy']}"
+    args = ["suite", SUITE_FILE, "--out", SUITE_RESULTS, "--rerun", cell, "--json"]
+    args += ["--seed", str(record["seed"])]
+    if record.get("lr") is not None:
+        args += ["--lr", repr(record["lr"])]
+    for name, value in sorted((record.get("knobs") or {}).items()):
+        args += ["--knob", f"{name}={value!r}"]
+    return args
 
 
 def check_suite(work: Path, env: Mapping[str, str]) -> list[dict[str, Any]]:
-    """The suite samples (module docstring): their cells rerun by resuming the suite into
-    ``work`` from the committed records less those cells, in one run."""
+    """The suite samples (module docstring): each sampled cell rerun by ``suite --rerun``
+    against the committed records, every metric and cost series compared."""
     committed = json.loads((ROOT / SUITE_RESULTS / "per_seed" / f"{SUITE_TASK}.json").read_text())
-    cells = committed["cells"]
-    kept = [r for r in cells if not any(s.holds(r) for s in SUITE_SAMPLES)]
-    out = work / "suite"
-    (out / "per_seed").mkdir(parents=True)
-    (out / "per_seed" / f"{SUITE_TASK}.json").write_text(
-        json.dumps({**committed, "cells": kept}, indent=1)
-    )
-    args = ["suite", SUITE_FILE, "--tasks", SUITE_TASK, "--out", str(out)]
-    args += ["--seeds-together", str(SUITE_TOGETHER), "--no-progress"]
-    seconds = cli(args, work / "suite.log", env)
-    rerun = json.loads((out / "per_seed" / f"{SUITE_TASK}.json").read_text())["cells"]
     rows = []
     for sample in SUITE_SAMPLES:
-        values = _cell_values(rerun, sample)
+        expected, rerun, seconds, commands = {}, {}, 0.0, []
+        for record in sample.cells(committed["cells"]):
+            args = rerun_args(record)
+            log = work / "rerun.json"
+            seconds += cli(args, log, env, ok=(0, 1))  # 1: a value differs
+            printed = [line for line in log.read_text().splitlines() if line.startswith("{")]
+            result = json.loads(printed[-1])
+            where = " ".join(args[4:])
+            expected |= {f"{where}: {k}": v for k, v in result["recorded"].items()}
+            rerun |= {f"{where}: {k}": v for k, v in result["rerun"].items()}
+            commands.append(f"fedjax-sel {' '.join(args)}")
         rows.append(
             {
                 "sample": sample.name,
                 "what": f"{SUITE_RESULTS} {SUITE_TASK}, {', '.join(sample.strategies)}: "
                 f"{sample.note}",
-                "command": f"fedjax-sel {' '.join(args).replace(str(work), 'TMP')}",
+                "command": commands,
                 "seconds": round(seconds, 1),
                 "committed": sample.committed,
-                **compare(_cell_values(cells, sample), values),
-                "rerun": values,
+                **compare(expected, rerun),
+                "rerun": rerun,
             }
         )
     return rows

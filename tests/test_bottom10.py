@@ -14,6 +14,7 @@ import pytest
 from test_simulation import planted_logreg
 
 from fedjax_sel.benchmark.cells import cell_metrics
+from fedjax_sel.benchmark.suite import Task
 from fedjax_sel.config import RunConfig
 from fedjax_sel.engine.oracle import bottom_tenth_mean
 from fedjax_sel.experiment import run_experiment
@@ -98,7 +99,7 @@ def test_a_runs_summary_and_a_suite_cell_carry_the_last_evaluations_bottom_tenth
     last = result.evals[-1]["client_test_accuracy_bottom10"]
     assert 0.0 <= last <= result.evals[-1]["client_test_accuracy_mean"]
     assert result.summary["final_client_test_accuracy_bottom10"] == last
-    metrics = cell_metrics(result.evals, result.summary, result.config, target=None, budgets=())
+    metrics = cell_metrics(result.evals, result.summary, result.config, Task("t", {}))
     assert metrics["client_accuracy_bottom10"] == pytest.approx(last)
     assert "client_accuracy_bottom10" in CELL_METRICS
     for name in ("client_accuracy_bottom10", "final_client_test_accuracy_bottom10"):

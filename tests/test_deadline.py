@@ -171,7 +171,7 @@ def test_the_realised_rounds_are_the_engines_uniform_rounds():
         seconds = np.array([s for e in result.evals for s in e["round_seconds"]])
         np.testing.assert_allclose(seconds, np.minimum(seed_lengths, deadline.seconds), rtol=1e-6)
         metrics = cells_lib.cell_metrics(
-            result.evals, result.summary, result.config, target=None, budgets=()
+            result.evals, result.summary, result.config, suite_lib.Task("t", {})
         )
         hits.append(metrics["deadline_hit_share"])
     assert np.mean(hits) == pytest.approx(deadline.cut_share)

@@ -132,23 +132,7 @@ def test_sequential_draw_law_matches_numpy_enumeration():
     )
     state = FedCBSState(jnp.asarray(counts, jnp.float32), jnp.asarray(pulls, jnp.float32))
     inputs = RoundInputs(jnp.int32(t), jnp.ones(k, bool), None, jnp.full(k, 10, jnp.int32))
-    draws = 20000
-
-    def pick(key):
-        sel, _ = strategy.select(state, inputs, None, key)
-        return sel.clients, sel.mask
-
-    clients, mask = map(
-        np.asarray, jax.jit(jax.vmap(pick))(jax.random.split(jax.random.key(0), draws))
-    )
-    assert mask.all()
-    freq = {}
-    for row in clients:
-        key = frozenset(row.tolist())
-        freq[key] = freq.get(key, 0) + 1
-    for key, p in law.items():
-        se = np.sqrt(p * (1 - p) / draws)
-        assert abs(freq.get(key, 0) / draws - p) <= 5 * se + 1e-4, (sorted(key), freq.get(key), p)
+    _assert_cohort_law(strategy, state, inputs, law)
 
 
 @pytest.mark.parametrize("repeats", [1, 6])
@@ -271,3 +255,158 @@ def test_traced_values_run_as_built():
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
     default = run(built, built.init(jax.random.key(0), spec))
     assert not np.array_equal(np.asarray(default[1]), np.asarray(a[1]))
+
+
+# ----------------------------------------------------------------------------- candidate pool
+def planted_spec(seed=7, k=12, b=4):
+    """One-class-heavy clients (a dominant class each plus noise), sizes 20-80."""
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(0, 6, (k, b)).astype(np.float64)
+    counts[np.arange(k), np.arange(k) % b] += rng.integers(20, 80, k)
+    n = jnp.asarray(counts.sum(axis=1), jnp.int32)
+    return counts, n, SimSpec(k, 3, 10, n, None, b, jnp.asarray(counts, jnp.float32))
+
+
+@pytest.mark.parametrize(
+    "args", [{}, {"first": "sample", "repeats": 1, "lam": 2.0}], ids=["defaults", "sampled"]
+)
+def test_pool_covering_every_client_is_the_exact_rule(args):
+    """``pool >= K`` runs the exact rule: over six rounds (pulls updated, some clients
+    unavailable) the cohorts, masks, weights and QCIDs equal the default's, bit for bit."""
+    counts, n, spec = planted_spec()
+    k, m = counts.shape[0], 3
+    avail = jnp.asarray(np.arange(k) % 5 != 2)
+
+    def run(strategy):
+        def step(state, xs):
+            t, key = xs
+            sel, state = strategy.select(state, RoundInputs(t, avail, None, n), None, key)
+            out = (sel.clients, sel.mask, sel.weights, sel.diagnostics["qcid"])
+            return strategy.update(state, sel, None), out
+
+        xs = (jnp.arange(6, dtype=jnp.int32), jax.random.split(jax.random.key(3), 6))
+        return jax.jit(lambda s: jax.lax.scan(step, s, xs))(strategy.init(None, spec))
+
+    exact = run(make_strategy("fedcbs", m, **args))
+    for pool in (k, 2 * k):
+        got = run(make_strategy("fedcbs", m, pool=pool, **args))
+        for x, y in zip(jax.tree.leaves(exact), jax.tree.leaves(got), strict=True):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_pool_picks_only_pooled_available_clients():
+    """With a pool, the strategy's cohort is :func:`pooled_best_of_draws`'s for the round's key,
+    whose valid picks are distinct members of the pool, and the pool's valid members are
+    distinct available clients (with fewer available than m, only they are picked)."""
+    from fedjax_sel.strategies.fedcbs import pooled_best_of_draws
+
+    rng = np.random.default_rng(8)
+    k, m, pool = 40, 4, 9
+    counts = jnp.asarray(rng.integers(0, 30, (k, 5)), jnp.float32)
+    n = jnp.asarray(counts.sum(axis=1), jnp.int32)
+    strategy = make_strategy("fedcbs", m, pool=pool)
+    state = strategy.init(None, SimSpec(k, m, 10, n, None, 5, counts))
+    betas = kc.beta_schedule(m, 1.0, 10.0)
+    for avail_np in (rng.random(k) < 0.6, np.isin(np.arange(k), [4, 17, 30])):
+        avail = jnp.asarray(avail_np)
+        inputs = RoundInputs(jnp.int32(2), avail, None, n)
+
+        def both(key, inputs=inputs, avail=avail):
+            sel, _ = strategy.select(state, inputs, None, key)
+            ref = pooled_best_of_draws(
+                key, counts, avail, pool, m, 6, betas, 1.0, 1e-3, inputs.round,
+                state.inner.pulls, "argmax",
+            )  # fmt: skip
+            return sel.clients, sel.mask, ref
+
+        clients, mask, (rc, rv, _, members, ok) = map(
+            lambda t: jax.tree.map(np.asarray, t),
+            jax.jit(jax.vmap(both))(jax.random.split(jax.random.key(5), 200)),
+        )
+        np.testing.assert_array_equal(clients, rc)
+        np.testing.assert_array_equal(mask, rv)
+        for c, v, mem, o in zip(clients, mask, members, ok, strict=True):
+            pooled = set(mem[o].tolist())
+            assert len(pooled) == o.sum() == min(pool, avail_np.sum())
+            assert pooled <= set(np.flatnonzero(avail_np).tolist())
+            assert set(c[v].tolist()) <= pooled and len(set(c[v].tolist())) == v.sum()
+            assert v.sum() == min(m, avail_np.sum())
+
+
+def np_draw_law(counts, cands, m, betas, lam, t, pulls, first):
+    """The law of one sequential draw over ``cands`` (NumPy, FedProphet's later picks; the
+    first pick FedXplore's sampled score, or FedProphet's argmax, ties to the earliest
+    candidate): {frozenset cohort: probability}."""
+    law = {}
+    s = np_first_scores(counts, cands, betas[0], lam, t, pulls)
+    p1 = s / s.sum() if first == "sample" else (np.arange(len(cands)) == np.argmax(s)) * 1.0
+    for order in itertools.permutations(cands, m):
+        prob = p1[cands.index(order[0])]
+        for j in range(1, m):
+            rest = [c for c in cands if c not in order[:j]]
+            prob *= np_next_probs(counts, list(order[:j]), rest, betas[j])[rest.index(order[j])]
+        law[frozenset(order)] = law.get(frozenset(order), 0.0) + prob
+    return law
+
+
+@pytest.mark.parametrize("first,repeats", [("sample", 1), ("argmax", 2)])
+def test_pooled_cohort_law_matches_numpy(first, repeats):
+    """The pooled rule's law (8 clients, one unavailable, pool 5, m = 3), transcribed in NumPy:
+    the average over the 21 equally likely pools of the exact rule's law on the pool; with
+    ``repeats = 2`` the lower-QCID of two draws from the same pool, ``P(best = S) = (p_S +
+    G_S)^2 - G_S^2`` with ``G_S`` the probability of a draw of higher QCID (the QCIDs are
+    distinct). Checked against 20000 rounds of the strategy."""
+    rng = np.random.default_rng(9)
+    k, m, pool, lam, t = 8, 3, 5, 4.0, 3
+    counts = rng.integers(0, 20, (k, 4)).astype(np.float64) + np.eye(k, 4) * 15
+    pulls = np.array([1.0, 9.0, 2.0, 6.0, 1.0, 4.0, 3.0, 8.0])  # the bonus moves pick 1
+    avail = np.arange(k) != 6
+    betas = np_betas(m, 1.0, 3.0)
+    pools = list(itertools.combinations(np.flatnonzero(avail).tolist(), pool))
+    law = {}
+    for members in pools:
+        one = np_draw_law(counts, list(members), m, betas, lam, t, pulls, first)
+        if repeats == 2:
+            q = {s: np_qcid(counts, s) for s in one}
+            assert len(set(np.round(list(q.values()), 12))) == len(q)
+            higher = {s: sum(p for r, p in one.items() if q[r] > q[s]) for s in one}
+            one = {s: (p + higher[s]) ** 2 - higher[s] ** 2 for s, p in one.items()}
+        for s, p in one.items():
+            law[s] = law.get(s, 0.0) + p / len(pools)
+    assert sum(law.values()) == pytest.approx(1.0)
+    strategy = make_strategy(
+        "fedcbs", m, first=first, repeats=repeats, lam=lam, beta_final=3.0, pool=pool
+    )
+    state = FedCBSState(jnp.asarray(counts, jnp.float32), jnp.asarray(pulls, jnp.float32))
+    inputs = RoundInputs(jnp.int32(t), jnp.asarray(avail), None, jnp.full(k, 10, jnp.int32))
+    freq = _assert_cohort_law(strategy, state, inputs, law)
+    assert set(freq) <= set(law)
+
+
+def test_pool_must_hold_a_cohort():
+    with pytest.raises(ConfigError, match="pool must be 0 or >= per_round"):
+        make_strategy("fedcbs", 5, pool=3)
+    with pytest.raises(ConfigError, match="pool"):
+        make_strategy("fedcbs", 5, pool=-1)
+
+
+def _assert_cohort_law(strategy, state, inputs, law, draws: int = 20000) -> dict:
+    """The cohorts of ``draws`` selections against ``law`` (cohort -> probability), each
+    within 5 standard errors; returns the cohorts' counts."""
+
+    def pick(key):
+        sel, _ = strategy.select(state, inputs, None, key)
+        return sel.clients, sel.mask
+
+    clients, mask = map(
+        np.asarray, jax.jit(jax.vmap(pick))(jax.random.split(jax.random.key(0), draws))
+    )
+    assert mask.all()
+    freq: dict = {}
+    for row in clients:
+        key = frozenset(row.tolist())
+        freq[key] = freq.get(key, 0) + 1
+    for key, p in law.items():
+        se = np.sqrt(p * (1 - p) / draws)
+        assert abs(freq.get(key, 0) / draws - p) <= 5 * se + 1e-4, (sorted(key), freq.get(key), p)
+    return freq

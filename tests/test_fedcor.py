@@ -367,3 +367,103 @@ def test_traced_discount_acts():
     beta = np.asarray(strategy.update(state, sel, feedback).inner.beta)
     np.testing.assert_allclose(beta[[1, 4]], 0.9)
     assert np.all(np.delete(beta, [1, 4]) == 1.0)
+
+
+# ----------------------------------------------------------------------------- candidate pool
+@pytest.mark.parametrize("solver", ["lowrank", "dense"])
+@pytest.mark.parametrize("noise", [0.3, 0.01])
+@pytest.mark.parametrize("seed", range(3))
+def test_pooled_greedy_matches_numpy(seed, noise, solver):
+    """:func:`pooled_greedy` against the NumPy ``Select_Clients`` with only the pool's clients
+    eligible and the score's weighted sum over every remaining client (the pooled rule): same
+    picks, all of them pooled and available; a pool that covers every available client gives
+    the exact greedy's picks."""
+    from fedjax_sel.strategies.fedcor import pooled_greedy
+
+    x, w, beta, rng = random_gp(seed, k=30)
+    available = rng.random(30) < 0.7
+    m, pool = 5, 9
+    args = (jnp.asarray(x, jnp.float32), jnp.float32(noise))
+    rest = (jnp.asarray(w, jnp.float32), jnp.asarray(beta, jnp.float32), jnp.asarray(available))
+    cov = np_cov(x, noise)
+    for i in range(4):
+        clients, valid, members, ok = map(
+            np.asarray,
+            pooled_greedy(jax.random.key(i), *args, *rest, m, pool, solver),
+        )
+        pooled = members[ok]
+        assert len(set(pooled.tolist())) == len(pooled) == pool and available[pooled].all()
+        in_pool = np.isin(np.arange(30), pooled)
+        want, _ = np_select_clients(cov, m, w, beta, in_pool)
+        assert valid.all() and clients.tolist() == want
+    # the pool holds every available client (pool < K): the exact greedy's picks
+    everyone = int(available.sum())
+    clients, valid, _, ok = pooled_greedy(jax.random.key(9), *args, *rest, m, everyone + 2, solver)
+    want, _ = np_select_clients(cov, m, w, beta, available)
+    assert np.asarray(ok).sum() == everyone
+    assert np.asarray(clients).tolist() == want and np.asarray(valid).all()
+
+
+def run_schedule(strategy, rounds, available):
+    """``rounds`` rounds of ``strategy`` on the scripted oracle (K = 10): per round the key,
+    the state before the selection, and the selection."""
+    n = jnp.asarray(np.arange(5, 5 + K), jnp.int32)
+    state = strategy.init(jax.random.key(0), SimSpec(K, M_PICK, 20, n, theta(0), 10, None))
+    oracle = fake_oracle()
+    select = jax.jit(lambda s, i, k: strategy.select(s, i, oracle, k))
+    out = []
+    for t in range(rounds):
+        key = jax.random.key(100 + t)
+        inputs = RoundInputs(jnp.int32(t), jnp.asarray(available), theta(t), n)
+        sel, after = select(state, inputs, key)
+        out.append((key, after, sel))
+        feedback = RoundFeedback(
+            jnp.int32(t), jnp.asarray(available), theta(t), theta(t + 1), None,
+            *(jnp.zeros(M_PICK),) * 4, n[sel.clients], jnp.ones(M_PICK, jnp.int32), sel.mask,
+        )  # fmt: skip
+        state = strategy.update(after, sel, feedback)
+    return out
+
+
+def test_pool_through_the_strategy():
+    """``pool >= K`` is the exact rule bit for bit (selections and states over 8 rounds of
+    warm-up, greedy and GP rounds); with ``pool = 5`` a greedy round picks the NumPy greedy's
+    choice among the pool drawn with the round's warm-up key (available clients only), and
+    warm-up rounds are unchanged."""
+    available = np.ones(K, bool)
+    available[[2, 7]] = False
+    common = dict(warmup=2, gpr_interval=2, group_size=4, dimension=3, final_iterations=4)
+    common.update(gp_iterations=3)
+    exact = run_schedule(make_strategy("fedcor", M_PICK, **common), 8, available)
+    for pool in (K, 3 * K):
+        got = run_schedule(make_strategy("fedcor", M_PICK, pool=pool, **common), 8, available)
+        for (_, s0, a), (_, s1, b) in zip(exact, got, strict=True):
+            for x, y in zip(jax.tree.leaves((s0, a)), jax.tree.leaves((s1, b)), strict=True):
+                np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    pooled = run_schedule(make_strategy("fedcor", M_PICK, pool=5, **common), 8, available)
+    w = np.arange(5, 5 + K) / np.arange(5, 5 + K).sum()
+    differs = 0
+    for t, ((key, state, sel), (_, _, ref)) in enumerate(zip(pooled, exact, strict=True)):
+        clients = np.asarray(sel.clients)
+        assert np.asarray(sel.mask).all() and available[clients].all()
+        if t <= 2:  # warm-up: the same uniform draw
+            np.testing.assert_array_equal(clients, np.asarray(ref.clients))
+            continue
+        _, k_warm = jax.random.split(key)
+        members, ok = uniform_without_replacement(k_warm, jnp.asarray(available), 5)
+        in_pool = np.zeros(K, bool)
+        in_pool[np.asarray(members)[np.asarray(ok)]] = True
+        assert in_pool.sum() == 5 and available[in_pool].all() and in_pool[clients].all()
+        x = np.asarray(state.inner.embedding, np.float64)
+        beta = np.asarray(state.inner.beta)
+        want, _ = np_select_clients(np_cov(x, 0.01), M_PICK, w, beta, in_pool)
+        assert clients.tolist() == want
+        differs += clients.tolist() != np.asarray(ref.clients).tolist()
+    assert differs  # the pool acted
+
+
+def test_pool_must_hold_a_round():
+    from fedjax_sel.base import ConfigError
+
+    with pytest.raises(ConfigError, match="pool must be 0 or >= per_round"):
+        make_strategy("fedcor", 5, pool=4)

@@ -17,7 +17,7 @@ from fedjax_sel.experiment.reproductions import select_parts
 from fedjax_sel.registry import Registry
 
 KNOWN = ("a", "b", "c")
-PAPERS = ["ca-fed", "fedcvr-bolt", "filfl", "hetero-select", "sp-cacw"]
+PAPERS = ["ca-fed", "comparators", "fedcvr-bolt", "filfl", "hetero-select", "sp-cacw"]
 
 
 def test_argument_environment_default(monkeypatch):

@@ -164,16 +164,49 @@ def test_tiny_suite_rows_recomputed_from_the_per_seed_files(tiny):
 
 
 def test_tiny_suite_targets_deadlines_and_tuning(tiny):
-    _, res = tiny
+    path, res = tiny
     doc = json.loads((res / "leaderboard.json").read_text())
-    # rounds to target: the first evaluated round at or above the target, from metrics.jsonl
+    # rounds and seconds to target: interpolated linearly between the evaluation below the
+    # target and the first at or above it; the cost series and update budgets from metrics.jsonl
+    (task,) = [t for t in suite_lib.load_suite(path).tasks if t.name == "digits"]
+    assert task.update_budgets == (3 * 3, 3 * 6)  # per_round x the round budget and x rounds
     for r in _records(res, "digits"):
         if r["phase"] != "eval":
             continue
         folder = res / "runs" / "digits" / r["scenario"] / r["strategy"] / f"seed{r['seed']}"
         evals = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
-        hit = next((e["round"] for e in evals if e["test_accuracy"] >= 0.3), None)
-        assert r["metrics"]["rounds_to_target"] == hit
+        acc = np.array([e["test_accuracy"] for e in evals])
+        timed = "sim_time_s" in evals[0]
+        assert ("time_to_target" in r["metrics"]) == timed == ("sim_seconds" in r["series"])
+        for metric, x in (
+            ("rounds_to_target", [e["round"] for e in evals]),
+            *([("time_to_target", [e["sim_time_s"] for e in evals])] if timed else []),
+        ):
+            i = int(np.argmax(acc >= 0.3)) if np.any(acc >= 0.3) else None
+            want = (
+                None if i is None
+                else x[0] if i == 0
+                else np.interp(0.3, acc[i - 1 : i + 1], x[i - 1 : i + 1])
+            )  # fmt: skip
+            assert r["metrics"][metric] == pytest.approx(want, rel=1e-12)
+        series = r["series"]
+        assert series["client_updates"] == [e["client_updates"] for e in evals]
+        assert series["client_flops"] == [e["client_flops"] for e in evals]
+        assert series["uplink_bytes"] == [e["uplink_bytes"] for e in evals]
+        if timed:
+            assert series["sim_seconds"] == [e["sim_time_s"] for e in evals]
+        assert series["test_accuracy"] == [e["test_accuracy"] for e in evals]
+        # held accuracy at each integer number of updates: the last evaluation within it
+        budget = max(task.update_budgets)
+        updates = np.array(series["client_updates"])
+        held = [
+            acc[j] if (j := np.searchsorted(updates, k, side="right") - 1) >= 0 else 0.0
+            for k in range(budget + 1)
+        ]
+        for b in task.update_budgets:
+            want = held[b] if updates[0] <= b else None
+            assert r["metrics"][f"accuracy@updates:{b}"] == pytest.approx(want)
+        assert r["metrics"]["update_auc"] == pytest.approx(np.mean(held[:budget]), rel=1e-9)
         # the last round (10% of 6 rounds, rounded up) is evaluated on its own
         assert [e["round"] for e in evals] == [3, 5, 6]
         assert r["metrics"]["stable_accuracy"] == pytest.approx(evals[-1]["test_accuracy"])
@@ -554,3 +587,54 @@ def test_rerun_names_what_it_cannot_find(tiny, capsys):
     ):
         assert main(["suite", str(path), "--out", str(res), *argv]) == 2
         assert message in capsys.readouterr().err
+
+
+def test_rerun_of_a_tuning_cell_with_a_knob_and_a_planted_series_change(tmp_path, capsys):
+    """A tuning cell of a strategy that tunes a knob is named by its lr and ``--knob``; the
+    rerun compares the cost series too, so a planted change in one is found."""
+    spec = {
+        "suite": {"name": "knob", "seeds": [0], "baseline": "uniform"},
+        "tuning": {"lr": [0.1, 0.2], "seeds": [100, 101, 102], "extend": 0, "configurations": 4},
+        "tasks": {
+            "digits": {
+                "dataset": "digits",
+                "num_clients": 8,
+                "per_round": 2,
+                "rounds": 3,
+                "local_steps": 1,
+                "batch_size": 16,
+                "eval_every": 3,
+                "test_fraction": 0.2,
+            }
+        },
+        "scenarios": {"ideal": {}},
+        "strategies": [{"strategy": "uniform"}, {"strategy": "f3ast", "tune": {"beta": [0, 0.1]}}],
+    }
+    path = tmp_path / "knob.json"
+    path.write_text(json.dumps(spec))
+    res = tmp_path / "res"
+    assert main(["suite", str(path), "--out", str(res), "--no-progress"]) == 0
+    records = Store(res / "per_seed" / "digits.json").records.values()
+    tuned = next(r for r in records if r["strategy"] == "f3ast" and r["phase"] == "tune")
+    assert tuned["knobs"] and tuned["series"]["client_updates"][-1] == 2 * 3  # per_round x rounds
+    argv = ["suite", str(path), "--out", str(res), "--rerun", "digits/ideal/f3ast"]
+    argv += ["--seed", str(tuned["seed"]), "--lr", f"{tuned['lr']:g}"]
+    knobs = [f"--knob={k}={v:g}" for k, v in tuned["knobs"].items()]
+    capsys.readouterr()
+    assert main([*argv, *knobs]) == 0
+    assert "every metric equals its record, bit for bit" in capsys.readouterr().out
+    assert main(argv) == 2  # without its knob: no such record, and the error says what to add
+    assert "--knob NAME=VALUE" in capsys.readouterr().err
+    assert main([*argv, "--knob", "beta"]) == 2
+    assert "--knob takes NAME=VALUE" in capsys.readouterr().err
+    from fedjax_sel.benchmark.rerun import rerun_cell
+
+    store_path = res / "per_seed" / "digits.json"
+    data = json.loads(store_path.read_text())
+    for r in data["cells"]:
+        if r["phase"] == "eval" and r["strategy"] == "uniform":
+            r["series"]["client_flops"][-1] += 1.0
+    store_path.write_text(json.dumps(data))
+    suite = suite_lib.load_suite(path)
+    result = rerun_cell(suite, res, "digits/ideal/uniform", 0, echo=lambda *a: None)
+    assert result["differs"] == ["series:client_flops"]

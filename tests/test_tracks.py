@@ -223,3 +223,61 @@ def test_leaderboard_ranks_tracks_apart_counts_twins_once_and_needs_three_pairs(
     diffs = [values[x] - values["uniform"] for x in ("power_of_choice", "active_fl", "fedcbs")]
     sd = np.sqrt(np.mean([np.var(d, ddof=1) for d in diffs]))
     assert mde["mde"] == pytest.approx(min_detectable_effect(sd, 4, mde["comparisons"]))
+
+
+def test_bundle_scenarios_keep_the_bundle_track_to_them(tmp_path):
+    """``[suite] bundle_scenarios``: a bundle entry is a not-applicable row (with the reason)
+    elsewhere, the bundle track is ranked in those scenarios only, and the selection track in
+    every scenario."""
+    from fedjax_sel.benchmark import leaderboard
+    from fedjax_sel.benchmark import suite as suite_lib
+    from fedjax_sel.experiment.records import Store
+
+    spec = _suite_spec(
+        [
+            {"strategy": "uniform"},
+            {"strategy": "power_of_choice", "bundle": {"aggregation": "strategy"}},
+        ]
+    )
+    spec["scenarios"]["busy"] = {"availability": "markov", "headline": "stable_accuracy"}
+    spec["suite"]["bundle_scenarios"] = ["ideal"]
+    suite = suite_lib.parse_suite(spec)
+    by = {e.label: e for e in suite.strategies}
+    assert by["power_of_choice.bundle"].reason("digits", "ideal") is None
+    assert "bundle_scenarios" in by["power_of_choice.bundle"].reason("digits", "busy")
+    assert by["power_of_choice"].reason("digits", "busy") is None
+    assert [s.name for s in suite.track_scenarios("bundle")] == ["ideal"]
+    assert [s.name for s in suite.track_scenarios("selection")] == ["ideal", "busy"]
+    store = Store(tmp_path / "per_seed" / "digits.json")
+    for scenario in ("ideal", "busy"):
+        for label, base in (
+            ("uniform", 0.7),
+            ("power_of_choice", 0.8),
+            ("power_of_choice.bundle", 0.6),
+        ):
+            if label.endswith(".bundle") and scenario == "busy":
+                continue
+            for seed in range(4):
+                store.put({
+                    "phase": "eval", "scenario": scenario, "strategy": label, "seed": seed,
+                    "key": "k", "suite_version": suite_lib.SUITE_VERSION,
+                    "metrics": {"stable_accuracy": base + 0.001 * seed},
+                })  # fmt: skip
+    store.save()
+    doc = leaderboard.build(suite, tmp_path)
+    assert {r["cells"] for r in doc["rankings"]["selection"]} == {2}
+    bundle = doc["rankings"]["bundle"]
+    assert [r["strategy"] for r in bundle] == ["uniform", "power_of_choice.bundle"]
+    assert {r["cells"] for r in bundle} == {1}  # the ideal cell only: busy is not ranked
+    assert doc["track_scenarios"] == {"selection": ["ideal", "busy"], "bundle": ["ideal"]}
+    from fedjax_sel.benchmark.report import markdown
+
+    assert "### Ranking, bundle track (scenarios: ideal)" in markdown(doc)
+    na = [
+        r for r in doc["rows"] if r["strategy"] == "power_of_choice.bundle" and not r["applicable"]
+    ]
+    assert na and {r["scenario"] for r in na} == {"busy"}
+    for bad in (["nowhere"], [], "ideal"):
+        spec["suite"]["bundle_scenarios"] = bad
+        with pytest.raises(ConfigError, match="bundle_scenarios must be a non-empty list"):
+            suite_lib.parse_suite(spec)

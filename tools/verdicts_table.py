@@ -28,7 +28,7 @@ from fedjax_sel.experiment.verdicts import holm_verdicts
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "reproduce"
-PAPERS = ("hetero_select", "filfl", "ca_fed", "fedcvr_bolt", "sp_cacw")
+PAPERS = ("hetero_select", "filfl", "ca_fed", "fedcvr_bolt", "sp_cacw", "comparators")
 VERDICT = {
     "reproduced": "reproduced",
     "smaller_effect": "smaller effect",

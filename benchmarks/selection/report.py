@@ -11,6 +11,7 @@ generated file differs from what is committed.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -27,6 +28,8 @@ def generated() -> dict[Path, str]:
     suite = load_suite(ROOT / SUITE_FILE)
     doc = leaderboard.build(suite, ROOT / RESULTS)
     doc["runs"] = report.invocations(ROOT / RESULTS)
+    spent = ROOT / RESULTS / "suite_time.json"  # benchmarks/suite_time.py: where the time went
+    doc["suite_time"] = json.loads(spent.read_text()) if spent.exists() else None
     readme = (ROOT / "README.md").read_text()
     return {
         ROOT / "docs" / "benchmark.md": page.docs_page(doc, suite, SUITE_FILE, RESULTS),

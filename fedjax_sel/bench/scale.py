@@ -84,6 +84,10 @@ SCALE_STRATEGIES: dict[str, tuple[dict[str, Any], str]] = {
     # the exact low-rank GP (Woodbury, O(K D^2) per Adam step; greedy O(P K D)); warm-up
     # ends after round 1 (its 1000-step fit and every client's loss pass fall in the rows)
     "fedcor": ({"warmup": 1}, "always"),
+    # the large-K paths: the rule on a uniform pool of C = min(10 P, K) available clients a
+    # round (set per row; the exact rule at C = K), O(repeats P C B) and a greedy O(P C D)
+    "fedcbs:pool": ({}, "always"),
+    "fedcor:pool": ({"warmup": 1}, "always"),
 }
 # LEAF Synthetic(1, 1) with each client's model drawn around one shared model (personal
 # noise 0.5): a federation that has a global model to learn at any K (the plain recipe's
@@ -110,6 +114,8 @@ def row_args(strategy: str, clients: int, per_round: int) -> dict[str, Any]:
         args = {**args, "pool": min(10 * per_round, clients)}
     if name == "clustered_similarity":
         args = {**args, "pool": min(max(2 * per_round, 128), clients)}
+    if strategy in ("fedcbs:pool", "fedcor:pool"):
+        args = {**args, "pool": min(10 * per_round, clients)}
     if name in ("ocs", "aocs"):
         args = {**args, "expected": float(max(1, per_round // 10))}
     return args

@@ -8,6 +8,7 @@ seeds, tuned and evaluated as units of work, with a Holm-adjusted leaderboard.
   on a Ray cluster; :mod:`.units` runs one unit.
 * :mod:`.rerun`: one recorded cell again, compared with its record bit for bit.
 * :mod:`.leaderboard`: rows, ranking, pictures and the docs page from the records.
+* :mod:`.curves`: accuracy against each cost axis, and the rankings at equal client updates.
 
 The records themselves (per-seed files, parts, merging) are
 :mod:`fedjax_sel.experiment.records`, shared with the paper studies.

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -32,6 +32,7 @@ from fedjax_sel.benchmark.suite import (
 from fedjax_sel.config import RunConfig
 from fedjax_sel.engine.system import SystemModel
 from fedjax_sel.experiment.outdir import folder_name
+from fedjax_sel.experiment.records import Store
 from fedjax_sel.experiment.resolve import resolve
 from fedjax_sel.experiment.tuning import Point, setting_name
 
@@ -48,40 +49,141 @@ def cell_key(config: RunConfig) -> str:
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+# a cell's cost series, per evaluation: the record's field -> metrics.jsonl's field (running
+# totals; docs/time.md says what each counts)
+SERIES_FIELDS = {
+    "round": "round",
+    "test_accuracy": "test_accuracy",
+    "client_updates": "client_updates",
+    "uplink_bytes": "uplink_bytes",
+    "client_flops": "client_flops",
+    "sim_seconds": "sim_time_s",
+}
+
+
+def cell_series(records: Sequence[Mapping[str, Any]]) -> dict[str, list[float | None]]:
+    """A run's evaluations as columns (:data:`SERIES_FIELDS`): the round, the test accuracy
+    and the cumulative client updates, uploaded bytes, client FLOPs and simulated seconds
+    (the last only where the run has a clock) at each evaluation."""
+    out: dict[str, list[float | None]] = {}
+    for name, field in SERIES_FIELDS.items():
+        if records and all(field in e for e in records):
+            out[name] = [None if e[field] is None else float(e[field]) for e in records]
+    return out
+
+
+def crossing(
+    xs: Sequence[float], accuracies: Sequence[float | None], target: float
+) -> float | None:
+    """Where an accuracy curve first reaches ``target``, interpolated linearly between the
+    evaluation below it and the first at or above it (``xs``: rounds or seconds at each
+    evaluation); the first evaluation's own ``x`` when it already reaches it (an upper bound:
+    nothing was evaluated before); ``None`` when no evaluation does."""
+    previous = None
+    for x, a in zip(xs, accuracies, strict=True):
+        if a is None or not np.isfinite(a):
+            continue
+        if a >= target:
+            if previous is None:
+                return float(x)
+            x0, a0 = previous
+            return float(x0 + (target - a0) / (a - a0) * (x - x0))
+        previous = (x, a)
+    return None
+
+
+def held_accuracy(
+    updates: Sequence[float], accuracies: Sequence[float | None], budget: float
+) -> float | None:
+    """The accuracy held at ``budget`` client updates: that of the last evaluation made
+    within the budget (what a run stopped there reports); ``None`` before the first."""
+    held = None
+    for u, a in zip(updates, accuracies, strict=True):
+        if u > budget:
+            break
+        if a is not None and np.isfinite(a):
+            held = float(a)
+    return held
+
+
+def update_auc(
+    updates: Sequence[float], accuracies: Sequence[float | None], budget: float
+) -> float | None:
+    """The area under held accuracy (:func:`held_accuracy`) against client updates over
+    ``[0, budget]``, divided by ``budget``: the mean accuracy held across the budget, 0
+    before the first evaluation (so a run that spends more updates before it is evaluated
+    scores less, and one evaluated only beyond the budget scores 0); ``None`` for a run
+    with no finite evaluation at all."""
+    if not any(a is not None and np.isfinite(a) for a in accuracies):
+        return None
+    area, held, at = 0.0, 0.0, 0.0
+    for u, a in zip(updates, accuracies, strict=True):
+        if u > budget:
+            break
+        area += held * (u - at)
+        at = float(u)
+        if a is not None and np.isfinite(a):
+            held = float(a)
+    return (area + held * (budget - at)) / budget
+
+
 def cell_metrics(
     records: Sequence[Mapping[str, Any]],
     summary: Mapping[str, Any],
     config: RunConfig,
-    *,
-    target: float | None,
-    budgets: Sequence[int],
+    task: Task,
 ) -> dict[str, float | None]:
     """A finished run's metrics as the suite records them (``None``: not applicable, or a
-    target never reached)."""
+    target never reached): the summary's accuracies and spreads; the accuracy after each of
+    ``task.budgets`` rounds and held at each of ``task.update_budgets`` client updates; the
+    area under accuracy against client updates up to the largest of those; and the rounds
+    and simulated seconds to ``task.target`` (:func:`crossing`: interpolated between
+    evaluations)."""
     out: dict[str, float | None] = {}
     for key in ("final_accuracy", "peak_accuracy", "stable_accuracy", "jain_fairness"):
         v = summary.get(key)
         out[key] = None if v is None else float(v)
-    std = summary.get("final_client_test_accuracy_std")
-    out["client_accuracy_std"] = None if std is None else float(std)
-    worst = summary.get("final_client_test_accuracy_bottom10")
-    out["client_accuracy_bottom10"] = None if worst is None else float(worst)
-    for b in budgets:
+    for key, field in (
+        ("client_accuracy_mean", "final_client_test_accuracy_mean"),
+        ("client_accuracy_std", "final_client_test_accuracy_std"),
+        ("client_accuracy_bottom10", "final_client_test_accuracy_bottom10"),
+    ):
+        v = summary.get(field)
+        out[key] = None if v is None else float(v)
+    for b in task.budgets:
         before = [e for e in records if e["round"] <= b and e.get("test_accuracy") is not None]
         out[f"accuracy@{b}"] = float(before[-1]["test_accuracy"]) if before else None
-    timed = bool(records) and "sim_time_s" in records[-1]
-    if target is not None:
-        hit = next((e for e in records if (e.get("test_accuracy") or -1.0) >= target), None)
-        out["rounds_to_target"] = None if hit is None else float(hit["round"])
+    series = cell_series(records)
+    accuracy = series.get("test_accuracy", [])
+    updates = series.get("client_updates")
+    if updates is not None and task.update_budgets:
+        for b in task.update_budgets:
+            out[f"accuracy@updates:{b}"] = held_accuracy(updates, accuracy, b)
+        out["update_auc"] = update_auc(updates, accuracy, max(task.update_budgets))
+    timed = "sim_seconds" in series
+    if task.target is not None:
+        out["rounds_to_target"] = crossing(series.get("round", []), accuracy, task.target)
         if timed:
-            out["time_to_target"] = None if hit is None else float(hit["sim_time_s"])
-        out["reached_target"] = 0.0 if hit is None else 1.0
+            out["time_to_target"] = crossing(series["sim_seconds"], accuracy, task.target)
+        out["reached_target"] = 0.0 if out["rounds_to_target"] is None else 1.0
     if timed:
         out["sim_time_s"] = float(records[-1]["sim_time_s"])
         if config.deadline is not None:
             seconds = [s for e in records for s in e.get("round_seconds", [])]
             hits = sum(1 for s in seconds if s >= config.deadline * (1 - 1e-6))
             out["deadline_hit_share"] = hits / len(seconds) if seconds else None
+    return out
+
+
+def per_seed(store: Store, scenario: str, strategy: str, seeds: Sequence[int]) -> dict[int, dict]:
+    """The evaluation records of one strategy in one scenario, by seed (seeds of the suite)."""
+    out = {}
+    for s in seeds:
+        r = store.records.get(
+            Store.id({"phase": "eval", "scenario": scenario, "strategy": strategy, "seed": s})
+        )
+        if r is not None and r.get("suite_version") == SUITE_VERSION:
+            out[s] = r
     return out
 
 
@@ -171,11 +273,15 @@ def cut_share(lengths: Sequence[float] | np.ndarray, deadline: float) -> float:
     return float(np.mean(np.asarray(lengths, np.float64) > deadline))
 
 
-def realised_uniform_rounds(suite: Suite, task: Task, scenario: Scenario) -> np.ndarray:
+def realised_uniform_rounds(
+    suite: Suite, task: Task, scenario: Scenario, data_memo: MutableMapping[str, Any] | None = None
+) -> np.ndarray:
     """The length of every round of ``task`` in ``scenario`` on every evaluation seed
     (float32[seeds, rounds]), as each seed's simulation runs it without a deadline when
     ``uniform`` picks its slots (:func:`uniform_rounds`: the scenario's availability, per-round
-    device speeds, over-commitment and dropouts; each seed's own data partition and keys)."""
+    device speeds, over-commitment and dropouts; each seed's own data partition and keys).
+    ``data_memo``: data sets loaded before (:func:`~fedjax_sel.experiment.build.
+    load_data_for`), reused and added to."""
     import jax
 
     from fedjax_sel.availability import AVAILABILITY
@@ -184,17 +290,13 @@ def realised_uniform_rounds(suite: Suite, task: Task, scenario: Scenario) -> np.
     from fedjax_sel.experiment.build import load_data_for, model_for
 
     baseline = next(e for e in suite.strategies if e.label == suite.baseline)
-    loaded: dict[int, Any] = {}
     lengths, run = [], None
     for seed in suite.seeds:
         resolved = resolve(
             cell_config(suite, task, scenario, baseline, seed=seed, lr=None, deadline=1.0)
         )
         config = resolved.config
-        data_seed = config.seed if config.data_seed is None else config.data_seed
-        if data_seed not in loaded:
-            loaded[data_seed] = load_data_for(config)
-        dataset = loaded[data_seed]
+        dataset = load_data_for(config, {} if data_memo is None else data_memo)
         model = model_for(config, dataset)
         k = dataset.num_clients
         slots = system_lib.overcommitted(config.per_round, config.overcommit, k)
@@ -225,11 +327,14 @@ def realised_uniform_rounds(suite: Suite, task: Task, scenario: Scenario) -> np.
     return np.stack(lengths)
 
 
-def deadline_for(suite: Suite, task: Task, scenario: Scenario) -> Deadline:
+def deadline_for(
+    suite: Suite, task: Task, scenario: Scenario, data_memo: MutableMapping[str, Any] | None = None
+) -> Deadline:
     """The deadline at ``scenario.deadline_quantile`` of the realised uniform rounds' lengths
     (:func:`realised_uniform_rounds`, pooled over the seeds; rounded to 0.1 s) and the share of
     those rounds it cuts."""
-    realised = realised_uniform_rounds(suite, task, scenario).astype(np.float64).ravel()
+    realised = realised_uniform_rounds(suite, task, scenario, data_memo)
+    realised = realised.astype(np.float64).ravel()
     seconds = float(np.round(np.quantile(realised, scenario.deadline_quantile), 1))
     return Deadline(seconds, cut_share(realised, seconds))
 

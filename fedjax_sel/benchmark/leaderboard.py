@@ -18,21 +18,27 @@ Every row carries the point its strategy's tuning chose (``tuned``: ``lr=0.2`` o
 ``lr=0.2,beta=1``) and that point's position on its grid (``tuned_position``: ``interior``, or
 ``edge (REASON)``: :mod:`fedjax_sel.benchmark.tuned`).
 
+The rankings at equal client updates (:func:`budget_rankings`: on ``update_auc`` and on the
+accuracy at each task's largest update budget) are :func:`rank` on those metrics; the tasks
+with cost curves (``cost_curves``) come from :mod:`fedjax_sel.benchmark.curves`.
+
 :func:`build` computes ``leaderboard.json``'s document (``rows``, ``ranking``, ``scenarios``,
-``tuned_lr``, ``tuned``, ``coverage``); :mod:`fedjax_sel.benchmark.report` writes it with its
-tables, pictures and the docs page.
+``tuned_lr``, ``tuned``, ``coverage``, ``budget_rankings``, ``cost_curves``);
+:mod:`fedjax_sel.benchmark.report` writes it with its tables, pictures and the docs page.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from fedjax_sel.benchmark.suite import SUITE_VERSION, Suite
+from fedjax_sel.benchmark.cells import per_seed
+from fedjax_sel.benchmark.curves import curve_tasks
+from fedjax_sel.benchmark.suite import SUITE_VERSION, Scenario, Suite, Task
 from fedjax_sel.benchmark.tracks import ranked_entries, track_labels
 from fedjax_sel.benchmark.tuned import tuned_text
 from fedjax_sel.experiment.metric_table import (
@@ -84,23 +90,14 @@ DEADLINE_BOUNDS = (0.05, 0.95)  # a deadline hit in fewer or more rounds is misc
 
 def metrics_of(suite: Suite, task_name: str) -> list[str]:
     """The leaderboard's metrics of a task: the cells' accuracies, then the accuracy at each of
-    the task's round budgets, then the cells' other metrics (the table's order)."""
+    the task's round budgets and client-update budgets, then the cells' other metrics (the
+    table's order)."""
     task = next(t for t in suite.tasks if t.name == task_name)
     accuracies = [m for m in CELL_METRICS if metric_info(m).unit == "accuracy"]
     others = [m for m in CELL_METRICS if m not in accuracies]
-    return [*accuracies, *(f"accuracy@{b}" for b in task.budgets), *others]
-
-
-def per_seed(store: Store, scenario: str, strategy: str, seeds: Sequence[int]) -> dict[int, dict]:
-    """The evaluation records of one strategy in one scenario, by seed (seeds of the suite)."""
-    out = {}
-    for s in seeds:
-        r = store.records.get(
-            Store.id({"phase": "eval", "scenario": scenario, "strategy": strategy, "seed": s})
-        )
-        if r is not None and r.get("suite_version") == SUITE_VERSION:
-            out[s] = r
-    return out
+    budgets = [f"accuracy@{b}" for b in task.budgets]
+    budgets += [f"accuracy@updates:{b}" for b in task.update_budgets]
+    return [*accuracies, *budgets, *others]
 
 
 def _value(record: Mapping[str, Any] | None, metric: str) -> float | None:
@@ -213,7 +210,10 @@ def build(suite: Suite, out: str | Path) -> dict[str, Any]:
         "ranking": ranking,
         "ranked_track": suite.tracks[0],
         "tracks": {t: track_labels(suite.strategies, t) for t in suite.tracks},
+        "track_scenarios": {t: [s.name for s in suite.track_scenarios(t)] for t in suite.tracks},
         "rankings": rankings,
+        "budget_rankings": budget_rankings(suite, stores),
+        "cost_curves": curve_tasks(suite, stores),
         "references": [e.label for e in suite.strategies if e.reference],
         "min_detectable_effect": detectable_effects(suite, stores),
         "rows": rows,
@@ -323,7 +323,7 @@ def detectable_effects(suite: Suite, stores: Mapping[str, Store]) -> list[dict[s
         cells = [
             (task, scenario, [e for e in entries if e.reason(task.name, scenario.name) is None])
             for task in suite.tasks
-            for scenario in suite.scenarios
+            for scenario in suite.track_scenarios(track)
         ]
         comparisons = sum(len(compared) for *_, compared in cells)
         for task, scenario, compared in cells:
@@ -356,9 +356,16 @@ def detectable_effects(suite: Suite, stores: Mapping[str, Store]) -> list[dict[s
     return out
 
 
-def rank(suite: Suite, stores: Mapping[str, Store], track: str | None = None) -> list[dict]:
+def rank(
+    suite: Suite,
+    stores: Mapping[str, Store],
+    track: str | None = None,
+    metric: Callable[[Task, Scenario], str | None] | None = None,
+) -> list[dict]:
     """Mean rank over (task, scenario) cells with a seed-bootstrap interval (module doc), of
-    the ranked (non-reference) strategies of ``track`` (default: the ranked track)."""
+    the ranked (non-reference) strategies of ``track`` (default: the ranked track), on
+    ``metric(task, scenario)`` (default: the scenario's ranked metric; ``None``: the cell is
+    not ranked)."""
     track = track or suite.tracks[0]
     entries = ranked_entries(suite.strategies, track)
     labels = [e.label for e in entries]
@@ -366,10 +373,12 @@ def rank(suite: Suite, stores: Mapping[str, Store], track: str | None = None) ->
     identical: dict[str, dict[str, str]] = {}
     for task in suite.tasks:
         store = stores[task.name]
-        for scenario in suite.scenarios:
+        for scenario in suite.track_scenarios(track):
             usable = [e.label for e in entries if e.reason(task.name, scenario.name) is None]
-            metric = suite.rank_metric(scenario)
-            kept, matrix = _cell_matrix(store, scenario.name, usable, suite.seeds, metric)
+            on = suite.rank_metric(scenario) if metric is None else metric(task, scenario)
+            if on is None:
+                continue
+            kept, matrix = _cell_matrix(store, scenario.name, usable, suite.seeds, on)
             if len(kept) == len(usable) >= 2:  # a cell is ranked once all of it has run
                 name = f"{task.name}/{scenario.name}"
                 kept, matrix = _distinct(kept, matrix, name, identical)
@@ -424,3 +433,27 @@ def _distinct(
         else:
             identical.setdefault(label, {})[cell] = twin
     return [labels[i] for i in keep], matrix[keep]
+
+
+# ----------------------------------------------------------------------------- rankings
+def _largest_budget(task: Task, scenario: Scenario) -> str | None:
+    return f"accuracy@updates:{max(task.update_budgets)}" if task.update_budgets else None
+
+
+def _auc(task: Task, scenario: Scenario) -> str | None:
+    return "update_auc" if task.update_budgets else None
+
+
+# ranking name -> the metric it ranks on in a (task, scenario) cell (None: not ranked there)
+BUDGET_RANKINGS: dict[str, Callable[[Task, Scenario], str | None]] = {
+    "update_auc": _auc,
+    "accuracy@updates:max": _largest_budget,
+}
+
+
+def budget_rankings(suite: Suite, stores: Mapping[str, Store]) -> dict[str, list[dict]]:
+    """The ranked track's mean ranks at equal client updates (module doc), by ranking name."""
+    return {
+        name: rank(suite, stores, suite.tracks[0], metric=metric)
+        for name, metric in BUDGET_RANKINGS.items()
+    }

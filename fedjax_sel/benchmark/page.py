@@ -20,11 +20,15 @@ def _setup_tables(suite: Suite) -> list[str]:
     def fields(d: Mapping[str, Any]) -> str:
         return ", ".join(f"`{k}={v}`" for k, v in d.items()) or "(defaults)"
 
-    lines = ["| task | settings | target | budgets |", "|---|---|---:|---|"]
+    lines = [
+        "| task | settings | target | budgets (rounds) | update budgets (client updates) |",
+        "|---|---|---:|---|---|",
+    ]
     for t in suite.tasks:
         lines.append(
             f"| {t.name} | {fields(t.fields)} | {t.target if t.target is not None else '-'} | "
-            f"{', '.join(str(b) for b in t.budgets) or '-'} |"
+            f"{', '.join(str(b) for b in t.budgets) or '-'} | "
+            f"{', '.join(f'{b:,}' for b in t.update_budgets) or '-'} |"
         )
     lines += ["", "| scenario | settings | headline metric |", "|---|---|---|"]
     for s in suite.scenarios:
@@ -33,6 +37,26 @@ def _setup_tables(suite: Suite) -> list[str]:
             extra["deadline_quantile"] = s.deadline_quantile
         lines.append(f"| {s.name} | {fields(extra)} | `{s.headline}` |")
     return lines
+
+
+# what the cost metrics and the interpolated targets mean (the Method's bullets)
+METRIC_NOTES = [
+    "- Cost metrics: every cell records, at each evaluation, the running totals of client "
+    "updates, uploaded bytes, client FLOPs and (with a clock) simulated seconds, oracle work "
+    'included (docs/time.md, "Costs and oracle work"). A run *holds* the accuracy of its last '
+    "evaluation made within a cost (what it reports if stopped there). "
+    "`accuracy@updates:U` is the accuracy held at U client updates (none before the first "
+    "evaluation); `update_auc` is the mean accuracy held over [0, B] client updates, B the "
+    "task's largest update budget, counting 0 before the first evaluation (nothing was "
+    "measured there), so it rewards accuracy reached early as well as kept. The cost curves "
+    "plot the held accuracy against each cost (mean and 95% Student-t band over the seeds, "
+    "only where every seed has been evaluated; 50 points from 0 to the baseline's median "
+    "total).",
+    "- `rounds_to_target` and `time_to_target` are interpolated linearly between the last "
+    "evaluation below the target and the first at or above it, so they move between "
+    "evaluation rounds; when the first evaluation is already at the target they report that "
+    "evaluation's round or time, an upper bound (nothing was evaluated before it).",
+]
 
 
 def cluster_section(suite_file: str, results: str) -> list[str]:
@@ -110,12 +134,14 @@ def docs_page(doc: Mapping[str, Any], suite: Suite, suite_file: str, results: st
         "python benchmarks/selection/report.py    # this page and the README summary",
         "```",
         "",
-        "A suite file has `[suite]` (evaluation seeds, baseline, `stable_fraction`), "
+        "A suite file has `[suite]` (evaluation seeds, baseline, `stable_fraction`, the "
+        "`tracks`, and `bundle_scenarios`: where the bundle track's own entries run), "
         "`[tuning]` (the lr grid in x2 steps, `{center = C, points = N}` or a list; the "
         "`configurations` every strategy tunes over; how many x2 steps a grid may `extend` by; "
         "at least 3 tuning seeds; the metric and scenario the choice is made on), "
         "`[tasks.NAME]` and `[scenarios.NAME]` (any `RunConfig` field; a task's `target` "
-        "accuracy, round `budgets` and own `lr_grid`, in x2 steps too; a scenario's `headline` "
+        "accuracy, round `budgets`, client-update `update_budgets` and own `lr_grid`, in x2 "
+        "steps too; a scenario's `headline` "
         "metric and `deadline_quantile`) and `[[strategies]]` (fields, a `note`, up to two "
         "traced knobs to `tune` beside the lr, and `not_applicable` reasons by task or "
         "scenario: such a cell is a row with its reason, never dropped); "
@@ -127,14 +153,15 @@ def docs_page(doc: Mapping[str, Any], suite: Suite, suite_file: str, results: st
         "refuses to replace it unless `--overwrite` is given. A record made by this version "
         "also keeps the cell's whole configuration, its batch and its client parallelism, so "
         f"`fedjax-sel suite {suite_file} --out {results} --rerun TASK/SCENARIO/STRATEGY --seed "
-        "S` (a tuning cell: `--lr X`) runs the cell again and compares every metric with its "
-        "record (exit 0 when identical).",
+        "S` (a tuning cell: `--lr X`, and `--knob NAME=VALUE` for each knob its strategy "
+        "tunes) runs the cell again and compares every metric and cost series with its record "
+        "(exit 0 when identical).",
         "",
         *cluster_section(suite_file, results),
         f"Committed results: `{results}/` (`leaderboard.json`, `.csv`, `.md`, `ranking.json`, "
-        "the pictures, and `per_seed/<task>.json`, every cell's metrics, from which everything "
-        f"here is computed). Wall time {wall / 3600:.2f} h over {len(runs)} invocation(s) on "
-        f"{', '.join(machines) or '-'}.",
+        "`cost_curves.json`, the pictures, and `per_seed/<task>.json`, every cell's metrics "
+        "and cost series, from which everything here is computed). Wall time "
+        f"{wall / 3600:.2f} h over {len(runs)} invocation(s) on {', '.join(machines) or '-'}.",
         "",
         "## Setup",
         "",
@@ -155,12 +182,14 @@ def docs_page(doc: Mapping[str, Any], suite: Suite, suite_file: str, results: st
         "## Method",
         "",
         "- Metrics per cell: final, peak and stable accuracy (stable: the "
-        f"{doc['stable_accuracy']}), accuracy at the round budgets, rounds and simulated "
-        "seconds to the task's target accuracy (averaged over the seeds that reached it; the "
-        "row says how many did), Jain's fairness index of the selection counts, the standard "
-        "deviation of the final accuracy over clients (their own test splits) and the mean "
-        "accuracy of the worst 10% of them (the lowest ceil(n/10) of the n clients with test "
-        "data), and the share of rounds the deadline cut.",
+        f"{doc['stable_accuracy']}), accuracy at the round budgets and at the client-update "
+        "budgets, `update_auc`, rounds and simulated seconds to the task's target accuracy "
+        "(averaged over the seeds that reached it; the row says how many did), Jain's fairness "
+        "index of the selection counts, the mean and the standard deviation of the final "
+        "accuracy over clients (their own test splits) and the mean accuracy of the worst 10% "
+        "of them (the lowest ceil(n/10) of the n clients with test data), and the share of "
+        "rounds the deadline cut.",
+        *METRIC_NOTES,
         "- Per task, scenario and strategy: the mean over seeds with a 95% Student-t interval; "
         f"the paired difference against `{doc['baseline']}` with its interval, the paired t-test's "
         "p-value and its Holm adjustment over every comparison of that metric in its track "
@@ -171,7 +200,9 @@ def docs_page(doc: Mapping[str, Any], suite: Suite, suite_file: str, results: st
         "- Ranking: in each task and scenario, strategies are ranked per seed on the scenario's "
         "headline metric (a target never reached ranks last); a strategy's rank there is the "
         "mean over seeds, its overall rank the mean over the cells where it runs, with a "
-        "percentile bootstrap interval resampling each cell's seeds (2,000 resamples).",
+        "percentile bootstrap interval resampling each cell's seeds (2,000 resamples). Beside "
+        "it, the same ranking of the ranked track on `update_auc` and on the accuracy held at "
+        "each task's largest update budget (Ranking at equal client updates).",
         "- Tuning: every strategy tunes over the same number of configurations (`[tuning] "
         "configurations`: lr points on a log grid in x2 steps, times the values of the at most "
         "two traced knobs its entry names, so each strategy's grid runs as one compiled "
@@ -192,6 +223,7 @@ def docs_page(doc: Mapping[str, Any], suite: Suite, suite_file: str, results: st
         "below reports how many rounds it cut in the runs (outside 5-95% the scenario is "
         "misconfigured, and the suite says so).",
         "",
+        *time_section(doc.get("suite_time"), results),
         "## Results",
         "",
         markdown(doc, images=f"../{results}/"),
@@ -199,17 +231,61 @@ def docs_page(doc: Mapping[str, Any], suite: Suite, suite_file: str, results: st
     return "\n".join(lines).rstrip() + "\n"
 
 
+def time_section(spent: Mapping[str, Any] | None, results: str) -> list[str]:
+    """Where the suite's time went (``suite_time.json``, ``benchmarks/suite_time.py``): the
+    seconds inside cells by task, phase and the costliest strategies, and the rest of the
+    wall time."""
+    if not spent or not spent.get("cells"):
+        return []
+    wall, inside = spent["wall_seconds"], spent["cell_seconds"]
+    lines = [
+        "## Where the time goes",
+        "",
+        f"From `{results}/suite_time.json` (`python benchmarks/suite_time.py`): the "
+        f"{spent['cells']:,} cells run so far spent {inside / 3600:.2f} h in rounds and "
+        f"evaluations (compilation included) of {wall / 3600:.2f} h wall; the other "
+        f"{max(wall - inside, 0.0) / 3600:.2f} h went to loading each task's data sets (once "
+        "per task and invocation), the deadlines' uniform rounds, measuring batch sizes and "
+        "writing records." + "".join(f" {n}" for n in spent.get("notes", [])),
+        "",
+        "| task | cells | rounds (h) | evaluations (h) | total (h) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for key, top in (("by_task", None), ("by_phase", None), ("by_strategy", 8)):
+        name = key.removeprefix("by_")
+        if key != "by_task":
+            lines += [
+                "",
+                f"| {name} | cells | rounds (h) | evaluations (h) | total (h) |",
+                "|---|---:|---:|---:|---:|",
+            ]
+        for r in spent[key][:top]:
+            lines.append(
+                f"| {r[name]} | {r['cells']:,} | {r['rounds_seconds'] / 3600:.2f} | "
+                f"{r['eval_seconds'] / 3600:.2f} | {r['seconds'] / 3600:.2f} |"
+            )
+    lines += ["", "(strategies: the eight costliest, summed over tasks, tracks and phases)", ""]
+    return lines
+
+
 def readme_block(doc: Mapping[str, Any], page: str = "docs/benchmark.md") -> str:
     """The README's summary of the benchmark: coverage and the overall ranking."""
     cov = doc["coverage"]
     run = cov["cells"] - cov["not_applicable"]
     top = doc["ranking"][:5]
+    cells = sorted({c for r in doc["ranking"] for c in r["rank_by_cell"]})
     lines = [
         README_START,
         f"**Selection benchmark** (`{doc['suite']}` suite, [{page}]({page})): "
         f"{len(doc['seeds'])} paired seeds per cell, {cov['finished']} of {run} cells "
-        f"finished{' so far' if cov['finished'] < run else ''}. Mean rank over tasks and "
-        "scenarios (1 = best), 95% bootstrap CI:",
+        f"finished{' so far' if cov['finished'] < run else ''}. Mean rank over "
+        + (
+            "tasks and scenarios"
+            if cov["finished"] >= run
+            else f"the {len(cells)} task/scenario cells whose every strategy has every seed "
+            f"so far ({', '.join(cells)})"
+        )
+        + " (1 = best), 95% bootstrap CI:",
         "",
     ]
     if top:
@@ -224,8 +300,10 @@ def readme_block(doc: Mapping[str, Any], page: str = "docs/benchmark.md") -> str
             "",
             *(
                 [
-                    f"{', '.join(doc['every_client'])} train every available client (a slot per "
-                    "client, as their papers define them), the others `per_round` a round."
+                    f"{', '.join(f'`{x}`' for x in doc['every_client'])} (reported, never "
+                    f"ranked) {'trains' if len(doc['every_client']) == 1 else 'train'} every "
+                    "available client; every ranked strategy trains the "
+                    "task's `per_round` clients a round."
                 ]
                 if doc.get("every_client")
                 else []

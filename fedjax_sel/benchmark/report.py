@@ -6,8 +6,10 @@ Writes ``leaderboard.json`` (``rows``, ``ranking``, ``scenarios``, ``tuned_lr``,
 ``heatmap.png`` (paired differences of stable accuracy against the baseline, Holm-significant
 cells starred), ``heatmap_<metric>.png`` for each other headline metric, ``ranking.png``,
 ``tuning.json`` (every strategy's tuning curve: :func:`~fedjax_sel.benchmark.tuned.
-tuning_curves`) and ``tuning.png`` (those curves, :func:`plot_tuning`); the docs page and the
-README's block are :mod:`fedjax_sel.benchmark.page`.
+tuning_curves`) and ``tuning.png`` (those curves, :func:`plot_tuning`), and, where the records
+have cost series, ``cost_curves.json`` and ``cost_curves_<task>.png`` (accuracy held at equal
+cost: :mod:`fedjax_sel.benchmark.curves`); the docs page and the README's block are
+:mod:`fedjax_sel.benchmark.page`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from fedjax_sel.benchmark import curves as curves_lib
 from fedjax_sel.benchmark.leaderboard import DEADLINE_BOUNDS, ROW_KEYS, build
 from fedjax_sel.benchmark.suite import Suite
 from fedjax_sel.benchmark.tuned import tuned_text, tuning_curves
@@ -120,14 +123,17 @@ def markdown(doc: Mapping[str, Any], images: str = "") -> str:
         for other, ranking in (doc.get("rankings") or {}).items():
             if other == track or not ranking:
                 continue
+            where = (doc.get("track_scenarios") or {}).get(other)
+            scope = f" (scenarios: {', '.join(where)})" if where else ""
             lines += [
-                f"### Ranking, {other} track",
+                f"### Ranking, {other} track{scope}",
                 "",
                 TRACK_TEXT.get(other, ""),
                 "",
                 ranking_table({"ranking": ranking}),
                 "",
             ]
+    lines += _budget_section(doc, images)
     if doc.get("min_detectable_effect"):
         lines += [
             "### Minimum detectable effect",
@@ -204,6 +210,44 @@ def markdown(doc: Mapping[str, Any], images: str = "") -> str:
         lines += [f"- **{k}**: {v}" for k, v in doc["notes"].items()]
         lines.append("")
     return "\n".join(lines)
+
+
+BUDGET_TEXT = {
+    "update_auc": "on `update_auc`, the mean accuracy held over [0, B] client updates",
+    "accuracy@updates:max": "on `accuracy@updates:B`, the accuracy held at B client updates",
+}
+
+
+def _budget_section(doc: Mapping[str, Any], images: str) -> list[str]:
+    """The rankings at equal client updates and the cost-curve figures."""
+    lines = []
+    budget = {k: v for k, v in (doc.get("budget_rankings") or {}).items() if v}
+    if budget:
+        lines += [
+            "### Ranking at equal client updates",
+            "",
+            f"The {doc.get('ranked_track', 'bundle')} track's strategies ranked as above, in "
+            "every task and scenario, on the accuracy they hold at equal numbers of client "
+            "updates (B: the task's largest update budget).",
+            "",
+        ]
+        for name, ranking in budget.items():
+            table = ranking_table({"ranking": ranking})
+            lines += [f"Ranked {BUDGET_TEXT.get(name, name)}:", "", table, ""]
+    tasks = doc.get("cost_curves") or []
+    if tasks:
+        lines += [
+            "### Cost curves",
+            "",
+            "Test accuracy held at equal cost (client updates, uploaded bytes, client FLOPs, "
+            "simulated seconds where the scenario has a clock), mean and 95% Student-t band "
+            "over the seeds, up to the baseline's median total; `cost_curves.json` holds the "
+            "numbers of every track.",
+            "",
+        ]
+        for t in tasks:
+            lines += [f"![cost curves, {t}]({images}{curves_lib.figure_name(t)})", ""]
+    return lines
 
 
 def _tuned_section(doc: Mapping[str, Any], images: str) -> list[str]:
@@ -441,6 +485,7 @@ def write(
     curves = tuning_curves(suite, out)
     write_json(out / "tuning.json", curves)
     plot_tuning(curves, out / "tuning.png")
+    costs = curves_lib.write(suite, out)
     if echo is not None:
         for s in doc["scenarios"]:
             if not s["configured_well"]:
@@ -451,5 +496,9 @@ def write(
                 )
         if doc["ranking"]:
             echo(ranking_table(doc))
-        echo(f"leaderboard written to {out}/ (leaderboard.json/csv/md, ranking.png, heatmap.png)")
+        extra = ", cost_curves.json, cost_curves_<task>.png" if costs is not None else ""
+        echo(
+            f"leaderboard written to {out}/ (leaderboard.json/csv/md, ranking.png, "
+            f"heatmap.png{extra})"
+        )
     return doc

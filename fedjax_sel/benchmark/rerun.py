@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from fedjax_sel.base import ConfigError
-from fedjax_sel.benchmark.cells import cell_metrics
+from fedjax_sel.benchmark.cells import cell_metrics, cell_series
 from fedjax_sel.benchmark.suite import Suite
 from fedjax_sel.config import RunConfig
 from fedjax_sel.experiment.loop import program_key
@@ -66,11 +66,13 @@ def rerun_cell(
     seed: int,
     *,
     lr: float | None = None,
+    knobs: dict[str, float] | None = None,
     echo: Callable = print,
 ) -> dict[str, Any]:
     """Reruns the recorded cell ``cell`` (``TASK/SCENARIO/STRATEGY``) of seed ``seed`` (a tuning
-    cell with ``lr``) from ``out``'s records (see the module docstring). Returns ``recorded``
-    and ``rerun`` metrics and ``differs``, the metrics whose values are not identical."""
+    cell with ``lr``, and ``knobs`` where the strategy tunes some) from ``out``'s records (see
+    the module docstring). Returns ``recorded`` and ``rerun`` metrics (the cost series as
+    ``series:NAME``) and ``differs``, those whose values are not identical."""
     task_name, scenario, strategy = parse_cell(cell, suite)
     task = next(t for t in suite.tasks if t.name == task_name)
     path = Path(out) / "per_seed" / f"{task_name}.json"
@@ -78,7 +80,9 @@ def rerun_cell(
         raise ConfigError(f"--rerun: {str(path)!r} does not exist; run the suite into --out first")
     store = Store(path)
     ident = {"phase": "eval" if lr is None else "tune", "scenario": scenario}
-    ident.update(strategy=strategy, seed=seed, lr=lr)
+    if knobs and lr is None:
+        raise ConfigError("--rerun: --knob names a tuning cell's knob; give its --lr too")
+    ident.update(strategy=strategy, seed=seed, lr=lr, knobs=knobs or None)
     record = store.records.get(Store.id(ident))
     if record is None:
         same = sorted(
@@ -88,7 +92,8 @@ def rerun_cell(
         )
         raise ConfigError(
             f"--rerun: {str(path)!r} has no record {Store.id(ident)!r}; it has {same or 'none'} "
-            "for that scenario and strategy (a tuning cell needs --lr)"
+            "for that scenario and strategy (a tuning cell needs --lr, and --knob NAME=VALUE "
+            "for each knob its strategy tunes)"
         )
     if "config" not in record:
         raise ConfigError(
@@ -119,14 +124,10 @@ def rerun_cell(
     )
     results = run_group(configs, [None] * len(configs), seeds_together=size, echo=echo)
     i = next(j for j, r in enumerate(group) if r is record)
-    metrics = cell_metrics(
-        results[i].evals,
-        results[i].summary,
-        configs[i],
-        target=task.target,
-        budgets=task.budgets,
-    )
-    recorded = record["metrics"]
+    metrics = cell_metrics(results[i].evals, results[i].summary, configs[i], task)
+    # the cost series compared column by column, beside the metrics
+    metrics |= {f"series:{k}": v for k, v in cell_series(results[i].evals).items()}
+    recorded = record["metrics"] | {f"series:{k}": v for k, v in record.get("series", {}).items()}
     differs = sorted(k for k in set(recorded) | set(metrics) if recorded.get(k) != metrics.get(k))
     return {"cell": Store.id(ident), "recorded": recorded, "rerun": metrics, "differs": differs}
 
@@ -137,9 +138,13 @@ def print_rerun(result: dict[str, Any], echo: Callable = print) -> None:
     names = sorted(set(recorded) | set(rerun))
     width = max(len(n) for n in names) if names else 6
     echo(f"{'metric'.ljust(width)}  {'recorded':>22}  {'rerun':>22}")
+
+    def shown(v: Any) -> str:  # a series by its length and last value
+        return f"{len(v)} values, last {v[-1]:g}" if isinstance(v, list) and v else str(v)
+
     for n in names:
         mark = "" if n not in result["differs"] else "  differs"
-        echo(f"{n.ljust(width)}  {recorded.get(n)!s:>22}  {rerun.get(n)!s:>22}{mark}")
+        echo(f"{n.ljust(width)}  {shown(recorded.get(n)):>22}  {shown(rerun.get(n)):>22}{mark}")
     if result["differs"]:
         echo(f"{result['cell']}: {len(result['differs'])} metric(s) differ from the record")
     else:

@@ -22,7 +22,7 @@ killed suite resumes its tuning where it stopped like any other unit.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -241,12 +241,17 @@ def total_rounds(suite: Suite, job_list: Sequence[tuple[Task, Entry]]) -> int:
 
 
 def _run_cells(
-    planned: list[Planned], store: Store, together, bar: _Progress, echo: Callable
+    planned: list[Planned],
+    store: Store,
+    together,
+    bar: _Progress,
+    echo: Callable,
+    data_memo: MutableMapping[str, Any] | None = None,
 ) -> None:
     """Runs the planned cells that have no matching record, one compiled program at a time,
     and records each program's cells as soon as they finish."""
     for todo in pending_groups(planned, store, bar.update):
-        run_group(todo, store, together, echo, bar.bar)
+        run_group(todo, store, together, echo, bar.bar, data_memo)
         bar.recorded(len(todo))
 
 
@@ -289,13 +294,18 @@ def _run_task(
 ) -> None:
     """The jobs of ``entries`` on ``task``: each strategy's tuning (its grid, then any
     extensions, :mod:`.tuned`), then its evaluations at the point it chose."""
-    deadlines = task_deadlines(suite, task, echo, store.meta)
+    from fedjax_sel.experiment.build import DataMemo  # jax: not on the CLI's import path
+
+    # the task's data sets, loaded once for every program (a seed's partition is the same
+    # for every strategy and scenario): one data configuration's seeds at a time
+    data_memo = DataMemo(len(suite.seeds) + len(suite.tuning.seeds))
+    deadlines = task_deadlines(suite, task, echo, store.meta, data_memo)
     store.meta.update(task=task.name, deadlines=deadlines, suite_version=SUITE_VERSION)
     by_name = {s.name: s for s in suite.scenarios}
     chosen: dict[str, Any] = {}
 
     def run(cells: list[Planned]) -> None:
-        _run_cells(cells, store, together, bar, echo)
+        _run_cells(cells, store, together, bar, echo, data_memo)
 
     for entry in entries:
         for tune_name, scenarios in tuned_scenarios(suite, task, entry).items():

@@ -27,6 +27,9 @@ few suite keys (marked *suite* below)::
     dataset = "digits"
     target = 0.8              # suite: rounds/time to this test accuracy
     budgets = [20, 40]        # suite: accuracy after these many rounds
+    update_budgets = [100, 200]  # suite: accuracy after these many client updates (default:
+                              # per_round x each round budget and x rounds); the last is the
+                              # range of the area under accuracy against client updates
 
     [scenarios.devices]       # RunConfig fields, and (suite) headline, deadline_quantile
     system = "lognormal"
@@ -78,7 +81,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -106,10 +109,19 @@ from fedjax_sel.input_checks import seed_list
 
 # Bump when what a cell's record means changes (a metric's definition, the engine's numbers):
 # records of another version are recomputed, never mixed with this one's.
-SUITE_VERSION = 1
+SUITE_VERSION = 2  # 2: cost series, accuracy at client-update budgets, interpolated targets
 
-SUITE_KEYS = {"name", "seeds", "baseline", "stable_fraction", "seeds_together", "ranking", "tracks"}
-TASK_KEYS = {"target", "budgets", "lr_grid"}
+SUITE_KEYS = {
+    "name",
+    "seeds",
+    "baseline",
+    "stable_fraction",
+    "seeds_together",
+    "ranking",
+    "tracks",
+    "bundle_scenarios",
+}
+TASK_KEYS = {"target", "budgets", "update_budgets", "lr_grid"}
 SCENARIO_KEYS = {"headline", "deadline_quantile"}
 STRATEGY_KEYS = {
     "label",
@@ -129,6 +141,8 @@ class Task:
     target: float | None = None
     budgets: tuple[int, ...] = ()
     lr_grid: tuple[float, ...] | None = None
+    # client updates at which accuracy is read; the last is the range of ``update_auc``
+    update_budgets: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass
@@ -181,6 +195,15 @@ class Suite:
     source: dict[str, Any] = dataclasses.field(default_factory=dict)
     override: dict[str, Any] = dataclasses.field(default_factory=dict)
     tracks: tuple[str, ...] = ("bundle",)
+    # where the bundle track's own entries run (default: every scenario)
+    bundle_scenarios: tuple[str, ...] | None = None
+
+    def track_scenarios(self, track: str) -> list[Scenario]:
+        """The scenarios ``track`` is ranked in: the bundle track's ``bundle_scenarios`` when
+        the suite names them (its own entries run nowhere else), else every scenario."""
+        if track == "bundle" and self.bundle_scenarios is not None and "selection" in self.tracks:
+            return [s for s in self.scenarios if s.name in self.bundle_scenarios]
+        return list(self.scenarios)
 
     def tuning_scenario(self, scenario: str) -> str:
         """The scenario whose tuning a cell of ``scenario`` uses."""
@@ -271,6 +294,16 @@ def _numbers(value: Any, where: str, *, positive: bool = False) -> tuple[float, 
     return tuple(out)
 
 
+def default_update_budgets(fields: Mapping[str, Any], budgets: Sequence[int]) -> tuple[int, ...]:
+    """A task's client-update budgets when it names none: ``per_round`` times each round
+    budget and times ``rounds`` (none when ``per_round`` is not a number of clients)."""
+    per_round = fields.get("per_round", RunConfig.per_round)
+    rounds = fields.get("rounds", RunConfig.rounds)
+    if not (_number(per_round) and _number(rounds)):
+        return ()
+    return tuple(int(per_round) * int(r) for r in (*budgets, rounds))
+
+
 def parse_suite(spec: Mapping[str, Any]) -> Suite:
     """A :class:`Suite` from the mapping of a suite file (see the module docstring)."""
     unknown = set(spec) - {"suite", "tuning", "tasks", "scenarios", "strategies", "override"}
@@ -306,8 +339,22 @@ def parse_suite(spec: Mapping[str, Any]) -> Suite:
             if "lr_grid" in table
             else None
         )
+        if "update_budgets" in table:
+            where = f"[tasks.{name}] update_budgets"
+            update_budgets = tuple(
+                int(b) for b in _numbers(table["update_budgets"], where, positive=True)
+            )
+        else:
+            update_budgets = default_update_budgets(fields, budgets)
         tasks.append(
-            Task(str(name), fields, None if target is None else float(target), budgets, lr_grid)
+            Task(
+                str(name),
+                fields,
+                None if target is None else float(target),
+                budgets,
+                lr_grid,
+                tuple(sorted(set(update_budgets))),
+            )
         )
     scenarios = []
     for name, table, fields in _named_tables(spec, "scenarios", SCENARIO_KEYS):
@@ -370,6 +417,36 @@ def parse_suite(spec: Mapping[str, Any]) -> Suite:
         )
     tracks = parse_tracks(options.get("tracks"))
     entries = expand(entries, tracks, raw)
+    bundle_scenarios = options.get("bundle_scenarios")
+    if bundle_scenarios is not None:
+        known = [s.name for s in scenarios]
+        if (
+            not isinstance(bundle_scenarios, list)
+            or not bundle_scenarios
+            or any(n not in known for n in bundle_scenarios)
+            or "selection" not in tracks
+        ):
+            raise ConfigError(
+                f"suite: bundle_scenarios must be a non-empty list of scenarios of the suite "
+                f"{known}, with tracks = ['selection', 'bundle'], got {bundle_scenarios!r}"
+            )
+        bundle_scenarios = tuple(str(n) for n in bundle_scenarios)
+        reason = (
+            f"the bundle track runs in {', '.join(bundle_scenarios)} only ([suite] "
+            "bundle_scenarios): sized for the suite's machine"
+        )
+        entries = [
+            dataclasses.replace(
+                e,
+                not_applicable={
+                    **{n: reason for n in known if n not in bundle_scenarios},
+                    **e.not_applicable,
+                },
+            )
+            if e.strategy_label is not None
+            else e
+            for e in entries
+        ]
     labels = [e.label for e in entries]
     if len(set(labels)) != len(labels):
         raise ConfigError(
@@ -401,6 +478,7 @@ def parse_suite(spec: Mapping[str, Any]) -> Suite:
         dict(spec),
         override,
         tracks,
+        bundle_scenarios,
     )
     check_distinct_folders([t.name for t in tasks], "suite: tasks")
     check_distinct_folders([s.name for s in scenarios], "suite: scenarios")

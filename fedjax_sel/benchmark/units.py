@@ -5,7 +5,7 @@ shards, :mod:`.ray_executor` on Ray's workers)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 from typing import Any
 
 from fedjax_sel.base import ConfigError
@@ -14,6 +14,7 @@ from fedjax_sel.benchmark.cells import (
     Planned,
     cell_key,
     cell_metrics,
+    cell_series,
     deadline_for,
 )
 from fedjax_sel.benchmark.suite import SUITE_VERSION, Suite, Task
@@ -21,20 +22,25 @@ from fedjax_sel.experiment.records import Store, cell_execution
 
 
 def task_deadlines(
-    suite: Suite, task: Task, echo: Callable, meta: dict[str, Any] | None = None
+    suite: Suite,
+    task: Task,
+    echo: Callable,
+    meta: dict[str, Any] | None = None,
+    data_memo: MutableMapping[str, Any] | None = None,
 ) -> dict[str, float]:
     """Each scenario's deadline on ``task`` (those with a ``deadline_quantile``), checked
     against the realised uniform rounds (:func:`~.cells.deadline_for`): one that cuts fewer
     than 25% or more than 75% of them is a :class:`ConfigError` naming the scenario, the
     deadline and the share. ``meta``: the task's record facts, given each scenario's share
-    (``deadline_cut_share``) beside its deadline."""
+    (``deadline_cut_share``) beside its deadline. ``data_memo``: the task's data sets loaded
+    before, reused and added to."""
     deadlines: dict[str, float] = {}
     shares: dict[str, float] = {}
     lo, hi = DEADLINE_CUT_BOUNDS
     for scenario in suite.scenarios:
         if scenario.deadline_quantile is None:
             continue
-        d = deadline_for(suite, task, scenario)
+        d = deadline_for(suite, task, scenario, data_memo)
         where = f"{task.name}/{scenario.name}"
         if not lo <= d.cut_share <= hi:
             raise ConfigError(
@@ -82,8 +88,17 @@ def pending_groups(
     return list(groups.values())
 
 
-def run_group(todo: Sequence[Planned], store: Store, together, echo: Callable, bar=None) -> None:
-    """Runs one compiled program's cells and records them in ``store`` (saved at once)."""
+def run_group(
+    todo: Sequence[Planned],
+    store: Store,
+    together,
+    echo: Callable,
+    bar=None,
+    data_memo: MutableMapping[str, Any] | None = None,
+) -> None:
+    """Runs one compiled program's cells and records them in ``store`` (saved at once).
+    ``data_memo``: the task's data sets loaded before, reused and added to. A cell's folder
+    gets no plots: the leaderboard draws the curves from the records."""
     from fedjax_sel.experiment import sweep as sweep_lib
 
     cells = [
@@ -96,6 +111,8 @@ def run_group(todo: Sequence[Planned], store: Store, together, echo: Callable, b
         progress=False,
         echo=echo,
         bar=bar,
+        data_memo=data_memo,
+        plots=False,
     )
     for p, r in zip(todo, results, strict=True):
         store.put(
@@ -105,9 +122,8 @@ def run_group(todo: Sequence[Planned], store: Store, together, echo: Callable, b
                 "suite_version": SUITE_VERSION,
                 "diverged": bool(r.summary.get("diverged", False)),
                 "rounds": int(r.summary.get("rounds_completed", p.config.rounds)),
-                "metrics": cell_metrics(
-                    r.evals, r.summary, p.config, target=p.task.target, budgets=p.task.budgets
-                ),
+                "metrics": cell_metrics(r.evals, r.summary, p.config, p.task),
+                "series": cell_series(r.evals),
                 "config": p.config.to_dict(),
                 **cell_execution(r.out_dir),
             }

@@ -4,6 +4,7 @@ and the paired comparison of finished runs."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -73,11 +74,24 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "--rerun",
         default=None,
         metavar="TASK/SCENARIO/STRATEGY",
-        help="rerun one recorded cell of --out (with --seed; a tuning cell with --lr) and "
-        "compare its metrics with the record: exit 0 when identical, 1 when not; writes nothing",
+        help="rerun one recorded cell of --out (with --seed; a tuning cell with --lr and "
+        "--knob) and compare its metrics and cost series with the record: exit 0 when "
+        "identical, 1 when not; writes nothing",
     )
     p.add_argument("--seed", type=int, default=None, help="the seed of the --rerun cell")
     p.add_argument("--lr", type=float, default=None, help="the lr of a tuning --rerun cell")
+    p.add_argument(
+        "--knob",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a tuned knob's value of a tuning --rerun cell (repeatable)",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="--rerun: print the recorded and rerun values as JSON instead of a table",
+    )
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_suite)
 
@@ -180,8 +194,8 @@ def cmd_suite(a: argparse.Namespace) -> int:
             raise ConfigError(
                 f"--tasks names {unknown}, not tasks of {a.file} ({[t.name for t in suite.tasks]})"
             )
-    if (a.seed is not None or a.lr is not None) and a.rerun is None:
-        raise ConfigError("--seed and --lr go with --rerun TASK/SCENARIO/STRATEGY")
+    if (a.seed is not None or a.lr is not None or a.knob or a.json) and a.rerun is None:
+        raise ConfigError("--seed, --lr, --knob and --json go with --rerun TASK/SCENARIO/STRATEGY")
     if a.rerun is not None:
         return _rerun(suite, out, a)
     shard = None if a.shard is None else parse_shard(a.shard)
@@ -227,8 +241,23 @@ def _rerun(suite, out: Path, a: argparse.Namespace) -> int:
 
     if a.seed is None:
         raise ConfigError("--rerun needs --seed S (the cell's seed)")
-    result = rerun_cell(suite, out, a.rerun, a.seed, lr=a.lr, echo=echo)
-    print_rerun(result)
+    knobs = {}
+    for pair in a.knob:
+        name, sep, value = pair.partition("=")
+        try:
+            knobs[name.strip()] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep or not name.strip():
+            raise ConfigError(f"--knob takes NAME=VALUE with a number, got {pair!r}")
+    quiet = a.json  # the JSON alone on stdout
+    result = rerun_cell(
+        suite, out, a.rerun, a.seed, lr=a.lr, knobs=knobs, echo=(lambda *_: None) if quiet else echo
+    )
+    if a.json:
+        print(json.dumps(result))
+    else:
+        print_rerun(result)
     return 1 if result["differs"] else 0
 
 

@@ -4,7 +4,11 @@ settings and, from a :class:`~fedjax_sel.experiment.resolve.Resolved` configurat
 
 from __future__ import annotations
 
+import collections
+import json
 import math
+from collections.abc import MutableMapping
+from typing import Any
 
 import jax
 
@@ -24,10 +28,8 @@ from fedjax_sel.training.server import server_spec
 from fedjax_sel.tree import nbytes
 
 
-def load_data_for(config: RunConfig) -> FederatedDataset:
-    """The data set of ``config`` (partitioned with its data seed)."""
-    return load_dataset(
-        config.dataset,
+def _data_args(config: RunConfig) -> dict[str, Any]:
+    return dict(
         num_clients=config.num_clients,
         partition=config.partition,
         seed=config.seed if config.data_seed is None else config.data_seed,
@@ -37,6 +39,42 @@ def load_data_for(config: RunConfig) -> FederatedDataset:
         server_fraction=config.server_fraction,
         **config.dataset_args,
     )
+
+
+class DataMemo(collections.OrderedDict):
+    """Loaded data sets for :func:`load_data_for`, at most ``capacity`` of them: the least
+    recently used one is dropped to make room (a suite's task keeps one data configuration's
+    seeds, its tuning and evaluation seeds, without holding every configuration's)."""
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        if capacity < 1:
+            raise ValueError(f"DataMemo capacity must be at least 1, got {capacity}")
+        self.capacity = capacity
+
+    def __getitem__(self, key: str) -> FederatedDataset:
+        self.move_to_end(key)
+        return super().__getitem__(key)
+
+    def __setitem__(self, key: str, value: FederatedDataset) -> None:
+        super().__setitem__(key, value)
+        self.move_to_end(key)
+        while len(self) > self.capacity:
+            self.popitem(last=False)
+
+
+def load_data_for(
+    config: RunConfig, memo: MutableMapping[str, FederatedDataset] | None = None
+) -> FederatedDataset:
+    """The data set of ``config`` (partitioned with its data seed). ``memo``: data sets
+    already loaded, by everything the load reads (a suite's programs on one task share their
+    seeds' data sets; a loaded data set is never changed, so sharing it changes no bit)."""
+    if memo is None:
+        return load_dataset(config.dataset, **_data_args(config))
+    key = json.dumps([config.dataset, _data_args(config)], sort_keys=True, default=str)
+    if key not in memo:
+        memo[key] = load_dataset(config.dataset, **_data_args(config))
+    return memo[key]
 
 
 def local_config(config: RunConfig) -> LocalConfig:

@@ -159,6 +159,7 @@ class Member:
     start: float = dataclasses.field(default_factory=time.perf_counter)
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
     readonly: bool = False  # reads its folder (resume) but writes nothing: not process 0
+    plots: bool = True  # curves.png when it finishes (a suite's cells leave them out)
 
     @property
     def writes(self) -> bool:
@@ -411,7 +412,7 @@ def _finish(member: Member, engine: Engine, i: int, echo: Callable) -> RunResult
     if member.writes:
         write_json(member.out / TIMINGS, timings)  # first: a folder with a summary has both
         write_json(member.out / SUMMARY, summary)
-        if member.records:
+        if member.records and member.plots:
             curves = {member.config.display_name: member.records}
             plot_curves(curves, member.out / CURVES, task=engine.task)
             if "sim_time_s" in member.records[-1]:

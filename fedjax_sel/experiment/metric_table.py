@@ -4,6 +4,7 @@ points), its unit, and whether it is a cost to reach a target. ``compare``, ``sw
 suite and its leaderboard read it, so a metric means one thing everywhere.
 
 Names outside the table follow its patterns: ``accuracy@R`` (the accuracy after round R),
+``accuracy@updates:U`` (the accuracy held at U client updates),
 ``rounds_to:A`` and ``time_to:A`` (rounds or simulated seconds to accuracy A), and any other
 number of a run's summary: a loss, a standard deviation (``_std``) or coefficient of
 variation (``_cv``) is better smaller, the rest larger; it is an accuracy when its name says
@@ -43,9 +44,12 @@ METRICS: dict[str, Metric] = {
         Metric("final_accuracy", True, "accuracy", default=True, cell=True),
         Metric("peak_accuracy", True, "accuracy", default=True, cell=True),
         Metric("stable_accuracy", True, "accuracy", default=True, cell=True),
+        # mean accuracy held over [0, B] client updates (fedjax_sel.benchmark.cells.update_auc)
+        Metric("update_auc", True, "accuracy", cell=True),
         Metric("rounds_to_target", False, "rounds", target="rounds", cell=True),
         Metric("time_to_target", False, "seconds", target="seconds", cell=True),
         Metric("jain_fairness", True, "index", cell=True),
+        Metric("client_accuracy_mean", True, "accuracy", cell=True),
         Metric("client_accuracy_std", False, "accuracy spread", cell=True),
         Metric("client_accuracy_bottom10", True, "accuracy", cell=True),
         Metric("deadline_hit_share", False, "share", cell=True),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -213,6 +213,8 @@ def run_group(
     echo: Callable = print,
     resume: bool = True,
     trace_dir: str | Path | None = None,
+    data_memo: MutableMapping[str, FederatedDataset] | None = None,
+    plots: bool = True,
 ) -> list[RunResult]:
     """Runs configurations that share one compiled program (same :func:`program_key`: they
     differ in seed and traced hyperparameters) together: vmapped in batches of
@@ -226,6 +228,9 @@ def run_group(
       infos: extra ``config.json`` entries per member (a sweep's label and setting).
       dataset: an already loaded data set, used when every member's data seed is the same.
       model: replaces the configured model (every member).
+      data_memo: data sets loaded before, reused and added to
+        (:func:`~fedjax_sel.experiment.build.load_data_for`).
+      plots: write each finished member's curves (``curves.png``) to its folder.
     """
     if not configs:
         return []
@@ -244,13 +249,26 @@ def run_group(
         if precision == "default"
         else jax.default_matmul_precision(precision)
     ):
+        options = dict(resume=resume, trace_dir=trace_dir, data_memo=data_memo, plots=plots)
         return _run_group(
-            resolved, outs, infos, seeds_together, dataset, model, bar, echo, resume, trace_dir
+            resolved, outs, infos, seeds_together, dataset, model, bar, echo, **options
         )
 
 
 def _run_group(
-    resolved, outs, infos, seeds_together, dataset, model, bar, echo, resume, trace_dir
+    resolved,
+    outs,
+    infos,
+    seeds_together,
+    dataset,
+    model,
+    bar,
+    echo,
+    *,
+    resume,
+    trace_dir,
+    data_memo,
+    plots,
 ) -> list[RunResult]:
     infos = list(infos) if infos is not None else [{} for _ in resolved]
     if resolved[0].config.mode == "personalized":
@@ -265,18 +283,19 @@ def _run_group(
     data_seeds = [c.seed if c.data_seed is None else c.data_seed for c in configs]
     shared = len(set(data_seeds)) == 1
     if shared:
-        datasets = [dataset if dataset is not None else load_data_for(configs[0])] * len(configs)
+        first = dataset if dataset is not None else load_data_for(configs[0], data_memo)
+        datasets = [first] * len(configs)
     else:  # members differ only in seed and traced hyperparameters: one load per data seed
         loaded: dict[int, FederatedDataset] = {}
         for c, s in zip(configs, data_seeds, strict=True):
             if s not in loaded:
-                loaded[s] = load_data_for(c)
+                loaded[s] = load_data_for(c, data_memo)
         datasets = [loaded[s] for s in data_seeds]
     sim = build_simulation(
         resolved[0], datasets[0], model=model, n_max=max(d.train.n_max for d in datasets)
     )
     members = [
-        Member(c, None if o is None else Path(o), info=info, readonly=not is_primary())
+        Member(c, None if o is None else Path(o), info=info, readonly=not is_primary(), plots=plots)
         for c, o, info in zip(configs, outs, infos, strict=True)
     ]
     states = []

@@ -59,7 +59,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -425,11 +425,14 @@ def run_cells(
     echo: Callable = print,
     bar: Any = None,
     overwrite: bool = False,
+    data_memo: MutableMapping[str, Any] | None = None,
+    plots: bool = True,
 ) -> list[run_lib.RunResult]:
     """Runs every unfinished cell (finished ones are read back): cells that share a compiled
     program run together in vmapped batches of ``seeds_together`` seeds (``"auto"``: as many
     as fit the memory, :func:`fedjax_sel.experiment.run.batch_size`). ``bar``: a progress bar
-    of the caller's to advance (a suite's), instead of one of its own.
+    of the caller's to advance (a suite's), instead of one of its own. ``data_memo`` and
+    ``plots``: as :func:`fedjax_sel.experiment.run.run_group`'s.
 
     A cell whose folder holds results of another configuration is refused before anything
     runs (:class:`~fedjax_sel.base.ConfigError`), unless ``overwrite``: then those results
@@ -479,6 +482,8 @@ def run_cells(
                 seeds_together=seeds_together,
                 bar=bar,
                 echo=echo,
+                data_memo=data_memo,
+                plots=plots,
             )
             for i, r in zip(members, out, strict=True):
                 results[i] = r

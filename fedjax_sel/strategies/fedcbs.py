@@ -42,16 +42,33 @@ inverse-CDF draw from the masked log-scores (not Gumbel-top-k: the law changes a
 pick); the repeats ``vmap`` over keys, then an argmin. Log space throughout: ``Q^-10``
 overflows float32 near ``Q = 0``; ``Q = 0`` (a perfectly balanced group) reaches the floor
 exactly. Diagnostics: ``qcid``, the chosen cohort's QCID.
+
+*Candidate pool* (``pool = C``, opt-in; ``0``, the default, or ``C >= K``: the exact rule
+above, bit for bit). Each pick scores every client, ``O(repeats m K B)`` a round. With a pool,
+each round first draws C available clients uniformly without replacement (the round's key,
+split into the pool's and the draws'), then runs the whole rule (the first pick's argmax and
+exploration bonus, the sequential draws, the repeats, all sharing the one pool) on them alone
+(:func:`pooled_best_of_draws`): ``O(K)`` for the pool plus ``O(repeats m C B)``. Within the pool
+the law is the exact rule's; what it changes against the paper is that the cohort is built from
+C clients instead of all, so the lowest-QCID cohorts outside the pool are out of reach that
+round, and the first pick is the best-balanced client of the pool. Why a uniform pool: QCID is a
+property of the group, so no per-client ranking predicts which clients complete a balanced
+cohort (a one-class client is the worst alone and the best complement), and a fixed preselection
+would also shut the other clients out of the exploration bonus; a uniform pool keeps every
+available client reachable with probability ``C / |available|`` a round. The approximation
+(the cohorts' QCID against the exact rule's, seconds) is ``benchmarks/comparator_pools.py``.
 """
 
 from __future__ import annotations
 
 from typing import Literal, NamedTuple, get_args
 
+import jax
 import jax.numpy as jnp
 
-from fedjax_sel.base import Array, ConfigError, Selection, SimSpec, Strategy
+from fedjax_sel.base import Array, ConfigError, PRNGKey, Selection, SimSpec, Strategy
 from fedjax_sel.kernels import fedcbs as kc
+from fedjax_sel.kernels import uniform_without_replacement
 from fedjax_sel.strategies._common import Weighting, fedavg_weights
 from fedjax_sel.strategies.hyperparams import inject_hyperparams
 from fedjax_sel.strategies.registry import register_strategy
@@ -67,6 +84,44 @@ class FedCBSState(NamedTuple):
 
     counts: Array
     pulls: Array
+
+
+def pooled_best_of_draws(
+    key: PRNGKey,
+    counts: Array,
+    available: Array,
+    pool: int,
+    m: int,
+    repeats: int,
+    betas: Array,
+    lam: Array,
+    floor: Array,
+    round_index: Array,
+    pulls: Array,
+    first: First = "argmax",
+) -> tuple[Array, Array, Array, Array, Array]:
+    """Fed-CBS's rule on a uniform pool of ``pool`` available clients (module docstring,
+    *Candidate pool*): ``key`` splits into the pool's key and the draws'.
+
+    Returns ``(clients int32[m], valid bool[m], qcid, members int32[pool], in_pool
+    bool[pool])``: the cohort (client ids), its QCID and the pool (``in_pool`` False for slots
+    past the available clients)."""
+    k_pool, k_draw = jax.random.split(key)
+    members, ok = uniform_without_replacement(k_pool, available, pool)
+    picks, valid, q = kc.best_of_draws(
+        k_draw,
+        counts[members],
+        ok,
+        m,
+        repeats,
+        betas,
+        lam,
+        floor,
+        round_index,
+        pulls[members],
+        first == "argmax",
+    )
+    return members[picks], valid, q, members, ok
 
 
 @register_strategy(
@@ -85,6 +140,7 @@ def fedcbs(
     first: First = "argmax",
     repeats: int = 6,
     weighting: Weighting = "size",
+    pool: int = 0,
 ) -> Strategy:
     """Fed-CBS client sampling (module docstring; defaults: FedProphet's code).
 
@@ -96,6 +152,9 @@ def fedcbs(
       first: ``argmax`` (FedProphet) or ``sample`` (FedXplore) for the first pick.
       repeats: independent draws per round, the lowest-QCID one kept (FedProphet 6).
       weighting: FedAvg ``size`` or ``uniform``.
+      pool: C, the candidates per round, drawn uniformly among the available clients (module
+        docstring, the large-K path); ``0`` (default) or ``C >= K``: every client, the exact
+        rule. At least ``per_round`` when set.
 
     Traced (a grid of them shares one program): ``lam``, ``beta_init``, ``beta_final``,
     ``floor``.
@@ -111,6 +170,9 @@ def fedcbs(
     repeats = int(repeats)
     if repeats < 1:
         raise ConfigError(f"fedcbs repeats must be >= 1, got {repeats}")
+    pool = int(pool)
+    if pool < 0 or 0 < pool < per_round:
+        raise ConfigError(f"fedcbs pool must be 0 or >= per_round ({per_round}), got {pool}")
 
     def init(key, spec: SimSpec) -> FedCBSState:
         del key
@@ -127,19 +189,25 @@ def fedcbs(
 
         def select(state: FedCBSState, inputs, oracle, key):
             del oracle
-            clients, mask, q = kc.best_of_draws(
-                key,
-                state.counts,
-                inputs.available,
-                per_round,
-                repeats,
-                betas,
-                lam,
-                floor,
-                inputs.round,
-                state.pulls,
-                first == "argmax",
-            )
+            rule = (per_round, repeats, betas, lam, floor, inputs.round)
+            if 0 < pool < state.counts.shape[0]:
+                clients, mask, q, _, _ = pooled_best_of_draws(
+                    key, state.counts, inputs.available, pool, *rule, state.pulls, first
+                )
+            else:
+                clients, mask, q = kc.best_of_draws(
+                    key,
+                    state.counts,
+                    inputs.available,
+                    per_round,
+                    repeats,
+                    betas,
+                    lam,
+                    floor,
+                    inputs.round,
+                    state.pulls,
+                    first == "argmax",
+                )
             weights = fedavg_weights(inputs.num_examples, clients, mask, weighting)
             return Selection(clients, mask, weights, diagnostics={"qcid": q}), state
 

@@ -54,6 +54,24 @@ per pick instead of O(K^2)); nothing K x K is formed. This is exact, not an appr
 rounding differs; tests compare it with ``solver="dense"``, the code's K x K algebra). What
 remains linear in K per round is the clients' loss evaluations, which the method needs.
 
+*Candidate pool* (``pool = C``, opt-in; ``0``, the default, or ``C >= K``: the exact rule
+above). The greedy still costs ``O(m K D)``: each of the m picks rescores every client. With a
+pool, each greedy round first draws C available clients uniformly without replacement (the
+round's key) and lets only them be picked; the objective stays the global one, every client in
+``sum_i w_i Sigma[i, k]``. The clients outside the pool enter that sum only through
+``r = sum_{i not in pool} w_i x_i``, which no pick changes (only pool members are conditioned
+out of it), so they ride along as one never-eligible extra column with embedding ``r`` and
+weight 1 (:func:`pooled_greedy`): the scores of the pool's clients are then exactly the exact
+greedy's restricted to them, at ``O(K D)`` once plus ``O(m C D)`` (``O(m C^2)`` dense). What it
+changes against the paper: a pick is the best of the pool, not of all clients (the picks are
+random, not deterministic). Why a uniform pool rather than, say, the C best first-pick scores:
+after about D picks the conditioned scores are led by the weights and the annealing, not by the
+first-pick ranking, and a fixed top-C set would shut the other clients out for good; a uniform
+pool keeps every available client reachable each round with probability ``C / |available|``.
+The approximation against the exact greedy (the chosen set's posterior variance reduction of
+``sum_i w_i Delta L_i``, the overlap of the sets, seconds) is ``benchmarks/comparator_pools.py``.
+The GP fit and the all-client loss passes are not pooled (linear in K, and the model needs them).
+
 Availability (none in the code): only available clients are picked (uniformly in warm-up, and
 ``-inf`` scores in the greedy), but every client stays in the weighted sum ``sum_i w_i Sigma``
 (the objective is the global loss) and reports its loss in warm-up and GP rounds, as in the
@@ -76,7 +94,15 @@ from typing import Literal, NamedTuple, get_args
 import jax
 import jax.numpy as jnp
 
-from fedjax_sel.base import Array, ConfigError, Selection, Strategy, client_work, no_work
+from fedjax_sel.base import (
+    Array,
+    ConfigError,
+    PRNGKey,
+    Selection,
+    Strategy,
+    client_work,
+    no_work,
+)
 from fedjax_sel.kernels import gp, uniform_without_replacement
 from fedjax_sel.members import members_cond
 from fedjax_sel.strategies._common import Weighting, check_weighting, fedavg_weights
@@ -125,6 +151,45 @@ def window_weights(stamps: Array, gamma: Array, group_size: int) -> Array:
     return jnp.where(live, jnp.power(gamma, age), 0.0)
 
 
+def run_greedy(
+    x: Array, noise: Array, weights: Array, beta: Array, eligible: Array, m: int, solver: str
+) -> gp.Greedy:
+    """FedCor's greedy (``Select_Clients``) with the ``solver``'s algebra."""
+    if solver == "dense":
+        return gp.greedy_dense(gp.dense_covariance(x, noise), weights, beta, eligible, m)
+    return gp.greedy_lowrank(x, noise, weights, beta, eligible, m)
+
+
+def pooled_greedy(
+    key: PRNGKey,
+    x: Array,
+    noise: Array,
+    weights: Array,
+    beta: Array,
+    available: Array,
+    m: int,
+    pool: int,
+    solver: str = "lowrank",
+) -> tuple[Array, Array, Array, Array]:
+    """The greedy with only a uniform pool of ``pool`` available clients eligible, the objective
+    over all clients (module docstring, *Candidate pool*).
+
+    Returns ``(clients int32[m], valid bool[m], members int32[pool], in_pool bool[pool])``:
+    the picks (client ids) and the pool (``in_pool`` False for slots past the available
+    clients)."""
+    members, ok = uniform_without_replacement(key, available, pool)
+    inside = jnp.zeros(available.shape, bool).at[members].set(ok)
+    # the clients outside the pool: one extra column, never eligible, weight 1
+    rest = x @ jnp.where(inside, 0.0, weights)
+    one = jnp.ones((1,), x.dtype)
+    xs = jnp.concatenate([x[:, members], rest[:, None]], axis=1)
+    ws = jnp.concatenate([jnp.where(ok, weights[members], 0.0), one])
+    bs = jnp.concatenate([beta[members], one])
+    eligible = jnp.concatenate([ok, jnp.zeros((1,), bool)])
+    g = run_greedy(xs, noise, ws, bs, eligible, m, solver)
+    return members[jnp.minimum(g.clients, pool - 1)], g.valid, members, ok
+
+
 @register_strategy(
     "fedcor",
     description="FedCor: GP over clients' loss changes, greedy posterior selection (warm-up, "
@@ -149,6 +214,7 @@ def fedcor(
     solver: Solver = "lowrank",
     loss_source: LossSource = "train",
     weighting: Weighting = "uniform",
+    pool: int = 0,
 ) -> Strategy:
     """FedCor (module docstring). Defaults: the code's FMNIST command (HEAD).
 
@@ -170,6 +236,9 @@ def fedcor(
         all examples) or ``test`` (their own test split, ``test_fraction > 0``; the code
         evaluates a held-out 20% of each client's data).
       weighting: ``uniform`` (the code's mean of the picks' models) or ``size``.
+      pool: C, the greedy's candidates per round, drawn uniformly among the available clients
+        (module docstring, the large-K path); ``0`` (default) or ``C >= K``: every client, the
+        exact greedy. At least ``per_round`` when set.
 
     Traced: ``gamma``, ``discount``, ``noise``, ``lr``. The rest set shapes, schedules or code
     paths.
@@ -197,6 +266,9 @@ def fedcor(
     for name, value in dict(gamma=gamma, discount=discount, noise=noise, lr=lr).items():
         if not (value > 0 and math.isfinite(value)):
             raise ConfigError(f"fedcor {name} must be a positive number, got {value!r}")
+    pool = int(pool)
+    if pool < 0 or 0 < pool < per_round:
+        raise ConfigError(f"fedcor pool must be 0 or >= per_round ({per_round}), got {pool}")
     slots = buffer_slots(warmup, gpr_interval, group_size)
 
     def init(key, spec):
@@ -306,23 +378,22 @@ def fedcor(
             }
             return state, info, work
 
-        def greedy(state, inputs):
-            n = inputs.num_examples.astype(jnp.float32)
-            w = n / jnp.maximum(jnp.sum(n), 1.0)
-            if solver == "dense":
-                sigma = gp.dense_covariance(state.embedding, noise)
-                return gp.greedy_dense(sigma, w, state.beta, inputs.available, per_round)
-            return gp.greedy_lowrank(
-                state.embedding, noise, w, state.beta, inputs.available, per_round
-            )
-
         def select(state, inputs, oracle, key):
             k_extra, k_warm = jax.random.split(key)
             state, info, work = gp_work(state, inputs, oracle, k_extra)
             active = inputs.round > warmup
 
             def by_gp(_):
-                g = greedy(state, inputs)
+                n = inputs.num_examples.astype(jnp.float32)
+                w = n / jnp.maximum(jnp.sum(n), 1.0)
+                x, beta, available = state.embedding, state.beta, inputs.available
+                if 0 < pool < available.shape[0]:
+                    # k_warm: the warm-up draw's key, which a greedy round does not use
+                    clients, valid, _, _ = pooled_greedy(
+                        k_warm, x, noise, w, beta, available, per_round, pool, solver
+                    )
+                    return clients, valid
+                g = run_greedy(x, noise, w, beta, available, per_round, solver)
                 return g.clients, g.valid
 
             def at_random(_):

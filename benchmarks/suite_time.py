@@ -1,0 +1,129 @@
+"""Where a suite's time went: seconds by task, strategy and phase, from its run folders.
+
+Each finished cell's ``timings.json`` (under ``OUT/runs/``, kept on the machine that ran the
+suite, not committed) holds the wall seconds its member spent in rounds and in evaluations,
+compilation included (``evaluations[*].seconds``). This script adds them up by task, by
+strategy (over tasks) and by phase (tuning grids, evaluations), and sets them against the
+suite's recorded wall time (``OUT/invocations.json``: every invocation that ran cells): the
+remainder is what no cell's clock saw, loading data sets, the deadlines' uniform rounds,
+measuring batch sizes and writing records. Writes JSON (default ``OUT/suite_time.json``,
+committed beside the records: the docs page quotes it) and prints a table::
+
+    python benchmarks/suite_time.py --out benchmarks/results/selection/cpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+INVOCATION_KEYS = ("started", "wall_seconds", "cells_run", "cpu_model", "cpu_count")
+
+
+def cell_seconds(runs: Path) -> Iterator[dict[str, Any]]:
+    """Every finished cell under ``runs`` (``OUT/runs``): its task, phase, strategy and the
+    seconds it spent in rounds and in evaluations."""
+    for timings in sorted(runs.glob("**/seed*/timings.json")):
+        if not (timings.parent / "summary.json").exists():
+            continue  # unfinished
+        parts = timings.relative_to(runs).parts
+        task, phase = parts[0], "tune" if parts[1] == "tuning" else "eval"
+        strategy = parts[3] if phase == "tune" else parts[2]
+        spent: dict[str, float] = defaultdict(float)
+        for evaluation in json.loads(timings.read_text()).get("evaluations", []):
+            for name, seconds in evaluation.get("seconds", {}).items():
+                spent[name] += float(seconds)
+        yield {
+            "task": task,
+            "phase": phase,
+            "strategy": strategy,
+            "rounds": spent.get("rounds", 0.0),
+            "eval": spent.get("eval", 0.0),
+        }
+
+
+def summarize(out: Path) -> dict[str, Any]:
+    """The suite's seconds by task, strategy and phase, and its recorded wall time."""
+    cells = list(cell_seconds(out / "runs"))
+    invocations = []
+    path = out / "invocations.json"
+    if path.exists():
+        invocations = [e for e in json.loads(path.read_text()) if e.get("cells_run")]
+
+    def table(key: str) -> list[dict[str, Any]]:
+        groups: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        for c in cells:
+            g = groups[c[key]]
+            g["cells"] += 1
+            g["rounds_seconds"] += c["rounds"]
+            g["eval_seconds"] += c["eval"]
+        rows = [
+            {
+                key: name,
+                "cells": int(g["cells"]),
+                "rounds_seconds": round(g["rounds_seconds"], 1),
+                "eval_seconds": round(g["eval_seconds"], 1),
+                "seconds": round(g["rounds_seconds"] + g["eval_seconds"], 1),
+            }
+            for name, g in groups.items()
+        ]
+        return sorted(rows, key=lambda r: -r["seconds"])
+
+    in_cells = sum(c["rounds"] + c["eval"] for c in cells)
+    wall = sum(float(e.get("wall_seconds", 0.0)) for e in invocations)
+    return {
+        "cells": len(cells),
+        "cell_seconds": round(in_cells, 1),
+        "wall_seconds": round(wall, 1),
+        "outside_cells_seconds": round(wall - in_cells, 1) if invocations else None,
+        "invocations": [{k: e.get(k) for k in INVOCATION_KEYS} for e in invocations],
+        "by_task": table("task"),
+        "by_phase": table("phase"),
+        "by_strategy": table("strategy"),
+    }
+
+
+def print_summary(doc: dict[str, Any]) -> None:
+    print(
+        f"{doc['cells']} cells: {doc['cell_seconds']:.0f} s in rounds and evaluations; "
+        f"{doc['wall_seconds']:.0f} s wall over {len(doc['invocations'])} invocation(s)"
+    )
+    for key in ("by_task", "by_phase", "by_strategy"):
+        name = key.removeprefix("by_")
+        print(f"\n| {name} | cells | rounds (s) | evaluations (s) | total (s) |")
+        print("|---|---:|---:|---:|---:|")
+        for r in doc[key]:
+            print(
+                f"| {r[name]} | {r['cells']} | {r['rounds_seconds']:.0f} | "
+                f"{r['eval_seconds']:.0f} | {r['seconds']:.0f} |"
+            )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results/selection/cpu"))
+    p.add_argument("--json", type=Path, default=None, help="default: OUT/suite_time.json")
+    p.add_argument(
+        "--note",
+        action="append",
+        default=[],
+        help="what the figures cannot say, e.g. other work that ran beside the suite (repeatable)",
+    )
+    a = p.parse_args(argv)
+    if not (a.out / "runs").is_dir():
+        p.error(f"{a.out}/runs does not exist: run the suite into --out on this machine first")
+    doc = summarize(a.out)
+    doc["notes"] = a.note
+    target = a.json or a.out / "suite_time.json"
+    target.write_text(json.dumps(doc, indent=1) + "\n")
+    print_summary(doc)
+    print(f"\nwritten to {target}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
