@@ -291,12 +291,13 @@ def realised_uniform_rounds(
 
     baseline = next(e for e in suite.strategies if e.label == suite.baseline)
     lengths, run = [], None
+    memo = {} if data_memo is None else data_memo  # each data seed loaded once
     for seed in suite.seeds:
         resolved = resolve(
             cell_config(suite, task, scenario, baseline, seed=seed, lr=None, deadline=1.0)
         )
         config = resolved.config
-        dataset = load_data_for(config, {} if data_memo is None else data_memo)
+        dataset = load_data_for(config, memo)
         model = model_for(config, dataset)
         k = dataset.num_clients
         slots = system_lib.overcommitted(config.per_round, config.overcommit, k)

@@ -247,18 +247,14 @@ def time_section(spent: Mapping[str, Any] | None, results: str) -> list[str]:
         f"{max(wall - inside, 0.0) / 3600:.2f} h went to loading each task's data sets (once "
         "per task and invocation), the deadlines' uniform rounds, measuring batch sizes and "
         "writing records." + "".join(f" {n}" for n in spent.get("notes", [])),
-        "",
-        "| task | cells | rounds (h) | evaluations (h) | total (h) |",
-        "|---|---:|---:|---:|---:|",
     ]
     for key, top in (("by_task", None), ("by_phase", None), ("by_strategy", 8)):
         name = key.removeprefix("by_")
-        if key != "by_task":
-            lines += [
-                "",
-                f"| {name} | cells | rounds (h) | evaluations (h) | total (h) |",
-                "|---|---:|---:|---:|---:|",
-            ]
+        lines += [
+            "",
+            f"| {name} | cells | rounds (h) | evaluations (h) | total (h) |",
+            "|---|---:|---:|---:|---:|",
+        ]
         for r in spent[key][:top]:
             lines.append(
                 f"| {r[name]} | {r['cells']:,} | {r['rounds_seconds'] / 3600:.2f} | "
