@@ -10,6 +10,12 @@ measuring batch sizes and writing records. Writes JSON (default ``OUT/suite_time
 committed beside the records: the docs page quotes it) and prints a table::
 
     python benchmarks/suite_time.py --out benchmarks/results/selection/cpu
+
+A suite finished over several sessions or machines keeps its earlier figures: the JSON holds
+every timed cell's seconds (``cell_times``, by the cell's folder under ``OUT/runs``), and a
+rerun keeps the cells of the previous JSON that this machine's ``runs`` no longer has, taking
+this machine's value where both have one. A JSON written before ``cell_times`` existed is
+carried as its totals (``carried``): its cells were all run before any cell of ``runs``.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ def cell_seconds(runs: Path) -> Iterator[dict[str, Any]]:
             for name, seconds in evaluation.get("seconds", {}).items():
                 spent[name] += float(seconds)
         yield {
+            "cell": timings.parent.relative_to(runs).as_posix(),
             "task": task,
             "phase": phase,
             "strategy": strategy,
@@ -46,9 +53,41 @@ def cell_seconds(runs: Path) -> Iterator[dict[str, Any]]:
         }
 
 
-def summarize(out: Path) -> dict[str, Any]:
-    """The suite's seconds by task, strategy and phase, and its recorded wall time."""
-    cells = list(cell_seconds(out / "runs"))
+def cell_rows(out: Path, previous: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Every timed cell: this machine's ``OUT/runs`` and, for cells it no longer has, the
+    previous JSON's ``cell_times``."""
+    rows = {c["cell"]: c for c in cell_seconds(out / "runs")}
+    for cell, rounds, evaluation in (previous or {}).get("cell_times", []):
+        if cell not in rows:
+            parts = cell.split("/")
+            phase = "tune" if parts[1] == "tuning" else "eval"
+            rows[cell] = {
+                "cell": cell,
+                "task": parts[0],
+                "phase": phase,
+                "strategy": parts[3] if phase == "tune" else parts[2],
+                "rounds": float(rounds),
+                "eval": float(evaluation),
+            }
+    return [rows[k] for k in sorted(rows)]
+
+
+def carried_figures(previous: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The totals of a previous JSON that kept no per-cell seconds (or the block it carried
+    itself): added to the tables as they are."""
+    if not previous:
+        return None
+    if "cell_times" in previous:
+        return previous.get("carried")
+    keys = ("cells", "cell_seconds", "by_task", "by_phase", "by_strategy")
+    return {k: previous[k] for k in keys}
+
+
+def summarize(out: Path, previous: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The suite's seconds by task, strategy and phase, and its recorded wall time; the
+    cells and totals of ``previous`` (the JSON this writes) that ``OUT/runs`` lacks are kept."""
+    cells = cell_rows(out, previous)
+    carried = carried_figures(previous)
     invocations = []
     path = out / "invocations.json"
     if path.exists():
@@ -61,6 +100,11 @@ def summarize(out: Path) -> dict[str, Any]:
             g["cells"] += 1
             g["rounds_seconds"] += c["rounds"]
             g["eval_seconds"] += c["eval"]
+        for r in (carried or {}).get(f"by_{key}", []):
+            g = groups[r[key]]
+            g["cells"] += r["cells"]
+            g["rounds_seconds"] += r["rounds_seconds"]
+            g["eval_seconds"] += r["eval_seconds"]
         rows = [
             {
                 key: name,
@@ -74,9 +118,10 @@ def summarize(out: Path) -> dict[str, Any]:
         return sorted(rows, key=lambda r: -r["seconds"])
 
     in_cells = sum(c["rounds"] + c["eval"] for c in cells)
+    in_cells += (carried or {}).get("cell_seconds", 0.0)
     wall = sum(float(e.get("wall_seconds", 0.0)) for e in invocations)
     return {
-        "cells": len(cells),
+        "cells": len(cells) + (carried or {}).get("cells", 0),
         "cell_seconds": round(in_cells, 1),
         "wall_seconds": round(wall, 1),
         "outside_cells_seconds": round(wall - in_cells, 1) if invocations else None,
@@ -84,6 +129,8 @@ def summarize(out: Path) -> dict[str, Any]:
         "by_task": table("task"),
         "by_phase": table("phase"),
         "by_strategy": table("strategy"),
+        "carried": carried,
+        "cell_times": [[c["cell"], round(c["rounds"], 2), round(c["eval"], 2)] for c in cells],
     }
 
 
@@ -111,14 +158,16 @@ def main(argv: list[str] | None = None) -> int:
         "--note",
         action="append",
         default=[],
-        help="what the figures cannot say, e.g. other work that ran beside the suite (repeatable)",
+        help="what the figures cannot say, e.g. other work that ran beside the suite "
+        "(repeatable; replaces the previous JSON's notes, which are kept without it)",
     )
     a = p.parse_args(argv)
-    if not (a.out / "runs").is_dir():
-        p.error(f"{a.out}/runs does not exist: run the suite into --out on this machine first")
-    doc = summarize(a.out)
-    doc["notes"] = a.note
     target = a.json or a.out / "suite_time.json"
+    previous = json.loads(target.read_text()) if target.exists() else None
+    if not (a.out / "runs").is_dir() and previous is None:
+        p.error(f"{a.out}/runs does not exist: run the suite into --out on this machine first")
+    doc = summarize(a.out, previous)
+    doc["notes"] = a.note or (previous or {}).get("notes", [])
     target.write_text(json.dumps(doc, indent=1) + "\n")
     print_summary(doc)
     print(f"\nwritten to {target}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -574,3 +575,49 @@ def test_skinny_matmul_vmapped_over_clients_runs_each_clients_sgd(monkeypatch):
     assert row["microseconds_per_client_step"] == pytest.approx(
         1e6 * row["seconds"] / (row["iterations"] * 7)
     )
+
+
+def test_suite_time_keeps_earlier_sessions_cells(monkeypatch, tmp_path):
+    """A suite timed over two sessions: the second sees only its own ``runs``, and the JSON
+    keeps the first session's cells (per cell) and a legacy JSON's totals (carried)."""
+    script = benchmark_script("suite_time", monkeypatch)
+
+    def cell(path: str, rounds: float, evaluation: float) -> None:
+        folder = tmp_path / "runs" / path
+        folder.mkdir(parents=True)
+        seconds = {"rounds": rounds, "eval": evaluation}
+        (folder / "timings.json").write_text(json.dumps({"evaluations": [{"seconds": seconds}]}))
+        (folder / "summary.json").write_text("{}")
+
+    legacy = {
+        "cells": 5,
+        "cell_seconds": 50.0,
+        "by_task": [{"task": "digits", "cells": 5, "rounds_seconds": 40.0, "eval_seconds": 10.0}],
+        "by_phase": [{"phase": "eval", "cells": 5, "rounds_seconds": 40.0, "eval_seconds": 10.0}],
+        "by_strategy": [
+            {"strategy": "uniform", "cells": 5, "rounds_seconds": 40.0, "eval_seconds": 10.0}
+        ],
+    }
+    cell("mnist/ideal/uniform/seed0", 3.0, 1.0)
+    cell("mnist/tuning/ideal/oort/p0/seed1000", 2.0, 0.5)
+    first = script.summarize(tmp_path, legacy)
+    assert first["cells"] == 7 and first["cell_seconds"] == pytest.approx(56.5)
+    assert {r["task"]: r["cells"] for r in first["by_task"]} == {"digits": 5, "mnist": 2}
+    assert {r["strategy"]: r["seconds"] for r in first["by_strategy"]} == {
+        "uniform": 54.0,
+        "oort": 2.5,
+    }
+    # The next session: a fresh runs folder with one new cell and one of the first's, rerun.
+    shutil.rmtree(tmp_path / "runs")
+    cell("mnist/ideal/uniform/seed0", 4.0, 1.0)  # this machine's value wins
+    cell("shakespeare/ideal/uniform/seed0", 6.0, 2.0)
+    second = script.summarize(tmp_path, json.loads(json.dumps(first)))
+    assert second["carried"] == first["carried"] and second["carried"]["cells"] == 5
+    assert second["cells"] == 8
+    assert second["cell_seconds"] == pytest.approx(50.0 + 5.0 + 2.5 + 8.0)
+    assert {r["phase"]: r["cells"] for r in second["by_phase"]} == {"eval": 7, "tune": 1}
+    assert [c[0] for c in second["cell_times"]] == [
+        "mnist/ideal/uniform/seed0",
+        "mnist/tuning/ideal/oort/p0/seed1000",
+        "shakespeare/ideal/uniform/seed0",
+    ]

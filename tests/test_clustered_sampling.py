@@ -253,6 +253,64 @@ def test_ward_on_weighted_groups_is_ward_on_coincident_points():
     assert same_partition(np.asarray(labels)[owner], want)
 
 
+def numpy_generic_ward(sq, sizes, masses, alive, limit):
+    """The generic agglomerative loop, literally: each step merges the first row (by index)
+    whose nearest distance is the smallest with that row's first nearest index, scipy's Ward
+    update in squared form, the mass cut while merging; every row's neighbour recomputed."""
+    r = len(sq)
+    e = np.where(np.eye(r, dtype=bool) | ~(alive[:, None] & alive[None, :]), np.inf, sq)
+    e = 0.5 * (e + e.T)
+    s, mass, live = sizes.astype(np.float64), masses.astype(np.float64), alive.copy()
+    lab = np.arange(r)
+    for _ in range(r - 1):
+        nn_d = e.min(axis=1)
+        a0 = int(np.argmin(nn_d))
+        if not np.isfinite(nn_d[a0]):
+            break
+        b0 = int(np.argmin(e[a0]))
+        a, b = min(a0, b0), max(a0, b0)
+        new = ((s + s[a]) * e[a] + (s + s[b]) * e[b] - s * e[a, b]) / (s + s[a] + s[b])
+        keep = live & (np.arange(r) != a) & (np.arange(r) != b)
+        new = np.where(keep, np.maximum(new, 0.0), np.inf)
+        e[a, :], e[:, a], e[b, :], e[:, b] = new, new, np.inf, np.inf
+        live[b] = False
+        if mass[a] + mass[b] <= limit:
+            lab[lab == lab[b]] = lab[a]
+        s[a] += s[b]
+        mass[a] += mass[b]
+    return lab
+
+
+@pytest.mark.parametrize("keep_ties", [True, False])
+@pytest.mark.parametrize("nonzero", [0, 3, 20, 40])
+def test_ward_with_tied_clients_matches_the_literal_loop(nonzero, keep_ties):
+    """Clients never selected (G = 0) are all at arccos distance 0 from each other: with 60
+    clients, most of them tied, the flat clusters are the literal generic loop's (every row's
+    neighbour recomputed each step, ties to the lowest index), whether the kernel keeps the
+    tied rows' neighbours (the default) or recomputes them (benchmarks/ward_ties.py times
+    both)."""
+    rng = np.random.default_rng(nonzero)
+    k, m = 60, 6
+    g = np.zeros((k, 5), np.float32)
+    g[rng.permutation(k)[:nonzero]] = rng.normal(size=(nonzero, 5))
+    d = dissimilarity(jnp.asarray(g), jnp.asarray(g), "arccos")
+    sq = np.asarray(squared_row_distances(d), np.float64)
+    n = rng.integers(1, 20, k).astype(np.float64)
+    alive = rng.random(k) < 0.9
+    limit = n[alive].sum() / m * (1 + 1e-6)
+    want = numpy_generic_ward(np.asarray(sq, np.float32), np.ones(k), n, alive, limit)
+    labels, merges = ward_flat_clusters(
+        jnp.asarray(sq, jnp.float32),
+        jnp.ones(k),
+        jnp.asarray(n),
+        jnp.asarray(alive),
+        limit,
+        keep_ties,
+    )
+    assert int(merges) == alive.sum() - 1
+    np.testing.assert_array_equal(np.asarray(labels)[alive], want[alive])
+
+
 def test_fast_arccos_is_float32_accurate():
     x = np.linspace(-1.0, 1.0, 100001).astype(np.float32)
     got = np.asarray(fast_arccos(jnp.asarray(x)), np.float64)

@@ -225,13 +225,37 @@ def test_leaderboard_ranks_tracks_apart_counts_twins_once_and_needs_three_pairs(
     assert mde["mde"] == pytest.approx(min_detectable_effect(sd, 4, mde["comparisons"]))
 
 
+BUNDLE_VALUES = {"uniform": 0.7, "power_of_choice": 0.8, "power_of_choice.bundle": 0.6}
+
+
+def _store_values(suite, folder, tasks, scenarios, values) -> None:
+    """Four seeds of ``stable_accuracy`` (``values[label]`` + 0.001 seed) for every applicable
+    (task, scenario, strategy), in ``folder/per_seed/``."""
+    from fedjax_sel.benchmark import suite as suite_lib
+    from fedjax_sel.experiment.records import Store
+
+    by = {e.label: e for e in suite.strategies}
+    for task in tasks:
+        store = Store(folder / "per_seed" / f"{task}.json")
+        for scenario in scenarios:
+            for label, base in values.items():
+                if by[label].reason(task, scenario):
+                    continue
+                for seed in range(4):
+                    store.put({
+                        "phase": "eval", "scenario": scenario, "strategy": label, "seed": seed,
+                        "key": "k", "suite_version": suite_lib.SUITE_VERSION,
+                        "metrics": {"stable_accuracy": base + 0.001 * seed},
+                    })  # fmt: skip
+        store.save()
+
+
 def test_bundle_scenarios_keep_the_bundle_track_to_them(tmp_path):
     """``[suite] bundle_scenarios``: a bundle entry is a not-applicable row (with the reason)
     elsewhere, the bundle track is ranked in those scenarios only, and the selection track in
     every scenario."""
     from fedjax_sel.benchmark import leaderboard
     from fedjax_sel.benchmark import suite as suite_lib
-    from fedjax_sel.experiment.records import Store
 
     spec = _suite_spec(
         [
@@ -248,22 +272,7 @@ def test_bundle_scenarios_keep_the_bundle_track_to_them(tmp_path):
     assert by["power_of_choice"].reason("digits", "busy") is None
     assert [s.name for s in suite.track_scenarios("bundle")] == ["ideal"]
     assert [s.name for s in suite.track_scenarios("selection")] == ["ideal", "busy"]
-    store = Store(tmp_path / "per_seed" / "digits.json")
-    for scenario in ("ideal", "busy"):
-        for label, base in (
-            ("uniform", 0.7),
-            ("power_of_choice", 0.8),
-            ("power_of_choice.bundle", 0.6),
-        ):
-            if label.endswith(".bundle") and scenario == "busy":
-                continue
-            for seed in range(4):
-                store.put({
-                    "phase": "eval", "scenario": scenario, "strategy": label, "seed": seed,
-                    "key": "k", "suite_version": suite_lib.SUITE_VERSION,
-                    "metrics": {"stable_accuracy": base + 0.001 * seed},
-                })  # fmt: skip
-    store.save()
+    _store_values(suite, tmp_path, ["digits"], ["ideal", "busy"], BUNDLE_VALUES)
     doc = leaderboard.build(suite, tmp_path)
     assert {r["cells"] for r in doc["rankings"]["selection"]} == {2}
     bundle = doc["rankings"]["bundle"]
@@ -281,3 +290,53 @@ def test_bundle_scenarios_keep_the_bundle_track_to_them(tmp_path):
         spec["suite"]["bundle_scenarios"] = bad
         with pytest.raises(ConfigError, match="bundle_scenarios must be a non-empty list"):
             suite_lib.parse_suite(spec)
+
+
+def test_task_scenarios_and_tracks_keep_a_task_to_them(tmp_path):
+    """``[tasks.X] scenarios`` and ``tracks``: the task's other cells are not-applicable rows
+    with the reason; the bundle track ranks only the tasks that run it (so a task without it
+    never ranks the selection entries it shares as a partial bundle cell); bad lists are
+    refused by name."""
+    from fedjax_sel.benchmark import leaderboard
+    from fedjax_sel.benchmark import suite as suite_lib
+    from fedjax_sel.benchmark.report import markdown
+
+    spec = _suite_spec(
+        [
+            {"strategy": "uniform"},
+            {"strategy": "power_of_choice", "bundle": {"aggregation": "strategy"}},
+        ]
+    )
+    spec["tasks"]["small"] = dict(
+        spec["tasks"]["digits"], scenarios=["ideal"], tracks=["selection"]
+    )
+    spec["scenarios"]["busy"] = {"availability": "markov", "headline": "stable_accuracy"}
+    suite = suite_lib.parse_suite(spec)
+    by = {e.label: e for e in suite.strategies}
+    assert "[tasks.small] scenarios" in by["uniform"].reason("small", "busy")
+    assert by["uniform"].reason("small", "ideal") is None
+    assert "[tasks.small] tracks" in by["power_of_choice.bundle"].reason("small", "ideal")
+    assert by["power_of_choice.bundle"].reason("digits", "busy") is None
+    assert [t.name for t in suite.track_tasks("bundle")] == ["digits"]
+    assert [t.name for t in suite.track_tasks("selection")] == ["digits", "small"]
+    _store_values(suite, tmp_path, ["digits", "small"], ["ideal", "busy"], BUNDLE_VALUES)
+    doc = leaderboard.build(suite, tmp_path)
+    assert {r["cells"] for r in doc["rankings"]["selection"]} == {3}
+    assert {r["cells"] for r in doc["rankings"]["bundle"]} == {2}  # digits' two cells only
+    assert doc["track_tasks"] == {"selection": ["digits", "small"], "bundle": ["digits"]}
+    assert "### Ranking, bundle track (tasks: digits; scenarios: ideal, busy)" in markdown(doc)
+    md = markdown(doc)  # a cell no strategy runs in says why in one line
+    assert "### small / busy\n\nNot applicable: small runs in ideal only" in md
+    assert "- not applicable: **power_of_choice.bundle**: the bundle track does not run" in md
+    cov = doc["coverage"]
+    assert cov["finished"] == cov["cells"] - cov["not_applicable"]
+    for key, bad, match in (
+        ("scenarios", ["nowhere"], "must be distinct scenarios"),
+        ("scenarios", ["busy"], "leave out the tuning scenario 'ideal'"),
+        ("tracks", ["bundle"], "leave out the ranked track 'selection'"),
+        ("tracks", [], "must be a non-empty list"),
+    ):
+        bad_spec = dict(spec, tasks=dict(spec["tasks"], small=dict(spec["tasks"]["small"])))
+        bad_spec["tasks"]["small"][key] = bad
+        with pytest.raises(ConfigError, match=match):
+            suite_lib.parse_suite(bad_spec)

@@ -583,8 +583,8 @@ def test_client_losses_in_size_groups_match_numpy():
 def test_client_batch_losses_in_chunks_match_numpy():
     """One random minibatch loss per client (CA-Fed's signal): computed 4 clients at a time
     (the chunked path of 10^5-10^6 clients, 13 clients padded to 16) it equals the one-chunk
-    result, and each equals NumPy's mean cross-entropy on the rows the draw names (the whole
-    data of a client smaller than the batch)."""
+    result to float32 rounding, and each equals NumPy's mean cross-entropy on the rows the draw
+    names (the whole data of a client smaller than the batch)."""
     from fedjax_sel.training.evaluate import client_batch_losses
 
     sizes = [3, 40, 7, 1, 25, 9, 60, 2, 11]
@@ -596,10 +596,9 @@ def test_client_batch_losses_in_chunks_match_numpy():
     data = from_client_arrays(xs, ys, layout="padded")
     whole = np.asarray(client_batch_losses(model, params, data, listed, key, 8))
     chunked = np.asarray(client_batch_losses(model, params, data, listed, key, 8, chunk=4))
-    if jax.default_backend() == "cpu":
-        np.testing.assert_array_equal(chunked, whole)
-    else:  # a GPU's reduction order follows the batch shape (last bit differs on an H200)
-        np.testing.assert_allclose(chunked, whole, rtol=1e-6)
+    # equal up to the reduction order, which follows the batch shape: the last bit differs on
+    # an H200 and on an AVX2-only CPU (AMD EPYC family 25 model 1), not on an AVX-512 one
+    np.testing.assert_allclose(chunked, whole, rtol=1e-6)
     for i, c in enumerate(np.asarray(listed)):
         n = sizes[c]
         if n <= 8:
@@ -614,10 +613,7 @@ def test_client_batch_losses_in_chunks_match_numpy():
     skipped = np.asarray(client_batch_losses(model, params, data, small, key, 8, chunk=2))
     drawn = {int(c): whole[i] for i, c in enumerate(np.asarray(listed))}
     expected = np.asarray([drawn[int(c)] for c in np.asarray(small)])
-    if jax.default_backend() == "cpu":
-        np.testing.assert_array_equal(skipped, expected)
-    else:
-        np.testing.assert_allclose(skipped, expected, rtol=1e-6)
+    np.testing.assert_allclose(skipped, expected, rtol=1e-6)  # chunk sizes differ: as above
 
 
 def test_all_client_sums_of_a_padded_layout_match_numpy():

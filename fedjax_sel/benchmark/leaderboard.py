@@ -211,6 +211,7 @@ def build(suite: Suite, out: str | Path) -> dict[str, Any]:
         "ranked_track": suite.tracks[0],
         "tracks": {t: track_labels(suite.strategies, t) for t in suite.tracks},
         "track_scenarios": {t: [s.name for s in suite.track_scenarios(t)] for t in suite.tracks},
+        "track_tasks": {t: [x.name for x in suite.track_tasks(t)] for t in suite.tracks},
         "rankings": rankings,
         "budget_rankings": budget_rankings(suite, stores),
         "cost_curves": curve_tasks(suite, stores),
@@ -322,7 +323,7 @@ def detectable_effects(suite: Suite, stores: Mapping[str, Store]) -> list[dict[s
         entries = [e for e in ranked_entries(suite.strategies, track) if e.label != suite.baseline]
         cells = [
             (task, scenario, [e for e in entries if e.reason(task.name, scenario.name) is None])
-            for task in suite.tasks
+            for task in suite.track_tasks(track)
             for scenario in suite.track_scenarios(track)
         ]
         comparisons = sum(len(compared) for *_, compared in cells)
@@ -371,7 +372,7 @@ def rank(
     labels = [e.label for e in entries]
     cells = []
     identical: dict[str, dict[str, str]] = {}
-    for task in suite.tasks:
+    for task in suite.track_tasks(track):
         store = stores[task.name]
         for scenario in suite.track_scenarios(track):
             usable = [e.label for e in entries if e.reason(task.name, scenario.name) is None]

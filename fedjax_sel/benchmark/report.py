@@ -124,7 +124,11 @@ def markdown(doc: Mapping[str, Any], images: str = "") -> str:
             if other == track or not ranking:
                 continue
             where = (doc.get("track_scenarios") or {}).get(other)
-            scope = f" (scenarios: {', '.join(where)})" if where else ""
+            scope = f"scenarios: {', '.join(where)}" if where else ""
+            on = (doc.get("track_tasks") or {}).get(other)
+            if on and on != (doc.get("track_tasks") or {}).get(track):
+                scope = f"tasks: {', '.join(on)}" + (f"; {scope}" if scope else "")
+            scope = f" ({scope})" if scope else ""
             lines += [
                 f"### Ranking, {other} track{scope}",
                 "",
@@ -176,12 +180,12 @@ def markdown(doc: Mapping[str, Any], images: str = "") -> str:
         shown += [
             m for m in ("final_accuracy", "jain_fairness", "client_accuracy_std") if m not in shown
         ]
-        lines += [
-            f"### {task} / {scenario}",
-            "",
-            "| strategy | metric | seeds | mean [95% CI] | diff [95% CI] | p | p Holm | win |",
-            "|---|---|---:|---|---|---:|---:|---:|",
-        ]
+        lines += [f"### {task} / {scenario}", ""]
+        if any(r["applicable"] for r in part):
+            lines += [
+                "| strategy | metric | seeds | mean [95% CI] | diff [95% CI] | p | p Holm | win |",
+                "|---|---|---:|---|---|---:|---:|---:|",
+            ]
         for metric in shown:
             for r in (r for r in part if r["metric"] == metric):
                 n = r["seeds"] if r.get("reached") is None else r["reached"]
@@ -199,9 +203,15 @@ def markdown(doc: Mapping[str, Any], images: str = "") -> str:
                     f"| {r['strategy']} | {metric} | {n} | {mean} | {diff} | {p} | {ph} | {win} |"
                 )
         na = [r for r in part if not r["applicable"]]
-        if na:
-            lines.append("")
-            lines += [f"- not applicable: **{r['strategy']}**: {r['reason']}" for r in na]
+        if na:  # one line per reason, its strategies listed
+            reasons: dict[str, list[str]] = {}
+            for r in na:
+                reasons.setdefault(r["reason"], []).append(f"**{r['strategy']}**")
+            if len(na) == len(part):  # the whole cell: its reasons only
+                lines.append("Not applicable: " + "; ".join(reasons) + ".")
+            else:
+                lines.append("")
+                lines += [f"- not applicable: {', '.join(s)}: {why}" for why, s in reasons.items()]
         lines.append("")
     if any(doc["tuned_lr"].values()):
         lines += _tuned_section(doc, images)

@@ -30,6 +30,9 @@ few suite keys (marked *suite* below)::
     update_budgets = [100, 200]  # suite: accuracy after these many client updates (default:
                               # per_round x each round budget and x rounds); the last is the
                               # range of the area under accuracy against client updates
+    scenarios = ["ideal"]     # suite: the scenarios this task runs in (default: all); the
+                              # others are not-applicable rows with the reason
+    tracks = ["selection"]    # suite: the tracks this task runs (default: the suite's)
 
     [scenarios.devices]       # RunConfig fields, and (suite) headline, deadline_quantile
     system = "lognormal"
@@ -121,7 +124,7 @@ SUITE_KEYS = {
     "tracks",
     "bundle_scenarios",
 }
-TASK_KEYS = {"target", "budgets", "update_budgets", "lr_grid"}
+TASK_KEYS = {"target", "budgets", "update_budgets", "lr_grid", "scenarios", "tracks"}
 SCENARIO_KEYS = {"headline", "deadline_quantile"}
 STRATEGY_KEYS = {
     "label",
@@ -143,6 +146,9 @@ class Task:
     lr_grid: tuple[float, ...] | None = None
     # client updates at which accuracy is read; the last is the range of ``update_auc``
     update_budgets: tuple[int, ...] = ()
+    # where this task runs (default: every scenario, every track): sized for the machine
+    scenarios: tuple[str, ...] | None = None
+    tracks: tuple[str, ...] | None = None
 
 
 @dataclasses.dataclass
@@ -204,6 +210,10 @@ class Suite:
         if track == "bundle" and self.bundle_scenarios is not None and "selection" in self.tracks:
             return [s for s in self.scenarios if s.name in self.bundle_scenarios]
         return list(self.scenarios)
+
+    def track_tasks(self, track: str) -> list[Task]:
+        """The tasks ``track`` is ranked on: those whose ``tracks`` name it (default: all)."""
+        return [t for t in self.tasks if t.tracks is None or track in t.tracks]
 
     def tuning_scenario(self, scenario: str) -> str:
         """The scenario whose tuning a cell of ``scenario`` uses."""
@@ -354,6 +364,8 @@ def parse_suite(spec: Mapping[str, Any]) -> Suite:
                 budgets,
                 lr_grid,
                 tuple(sorted(set(update_budgets))),
+                _names(table, "scenarios", name),
+                _names(table, "tracks", name),
             )
         )
     scenarios = []
@@ -447,6 +459,7 @@ def parse_suite(spec: Mapping[str, Any]) -> Suite:
             else e
             for e in entries
         ]
+    entries = _task_limits(tasks, [s.name for s in scenarios], tracks, entries)
     labels = [e.label for e in entries]
     if len(set(labels)) != len(labels):
         raise ConfigError(
@@ -457,6 +470,13 @@ def parse_suite(spec: Mapping[str, Any]) -> Suite:
         raise ConfigError(f"suite: baseline {baseline!r} is not one of the strategies {labels}")
     seeds = _seed_list(options.get("seeds", 10), "[suite] seeds")
     tuning = parse_tuning(_table(spec, "tuning"), seeds, [s.name for s in scenarios])
+    tuned_in = tuning.scenario or scenarios[0].name
+    for task in tasks:
+        if task.scenarios is not None and tuned_in != "each" and tuned_in not in task.scenarios:
+            raise ConfigError(
+                f"suite: [tasks.{task.name}] scenarios {list(task.scenarios)} leave out the "
+                f"tuning scenario {tuned_in!r}, where every strategy's lr is chosen"
+            )
     fraction = options.get("stable_fraction", 0.1)
     if not (_number(fraction) and 0 < fraction <= 1):
         raise ConfigError(f"suite: stable_fraction must be in (0, 1], got {fraction!r}")
@@ -500,6 +520,58 @@ def parse_suite(spec: Mapping[str, Any]) -> Suite:
         tuning, {t.name: t.lr_grid or () for t in tasks}, {e.label: e.tune for e in entries}
     )
     return suite
+
+
+def _names(table: Mapping[str, Any], key: str, task: str) -> tuple[str, ...] | None:
+    """A task's ``scenarios`` or ``tracks`` list (checked against the suite's later)."""
+    if key not in table:
+        return None
+    value = table[key]
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        raise ConfigError(
+            f"suite: [tasks.{task}] {key} must be a non-empty list of names, got {value!r}"
+        )
+    return tuple(value)
+
+
+def _task_limits(
+    tasks: Sequence[Task], scenarios: Sequence[str], tracks: Sequence[str], entries: list[Entry]
+) -> list[Entry]:
+    """Each task's ``scenarios`` and ``tracks``, checked against the suite's, as
+    not-applicable reasons on the entries (the ranking and coverage count them as such)."""
+    for task in tasks:
+        for key, known in (("scenarios", scenarios), ("tracks", tracks)):
+            given = getattr(task, key)
+            if given is not None and (set(given) - set(known) or len(set(given)) != len(given)):
+                raise ConfigError(
+                    f"suite: [tasks.{task.name}] {key} {list(given)} must be distinct "
+                    f"{key} of the suite {list(known)}"
+                )
+        if task.tracks is not None and tracks[0] not in task.tracks:
+            raise ConfigError(
+                f"suite: [tasks.{task.name}] tracks {list(task.tracks)} leave out the ranked "
+                f"track {tracks[0]!r}"
+            )
+    out = []
+    for e in entries:
+        reasons: dict[str, str] = {}
+        for task in tasks:
+            if task.tracks is not None and e.track not in task.tracks:
+                reasons[task.name] = (
+                    f"the {e.track} track does not run on {task.name} ([tasks.{task.name}] "
+                    "tracks): sized for the suite's machine"
+                )
+                continue  # the task's reason, in every scenario
+            for name in scenarios:
+                if task.scenarios is not None and name not in task.scenarios:
+                    reasons[f"{task.name}/{name}"] = (
+                        f"{task.name} runs in {', '.join(task.scenarios)} only ([tasks."
+                        f"{task.name}] scenarios): sized for the suite's machine"
+                    )
+        out.append(
+            dataclasses.replace(e, not_applicable={**e.not_applicable, **reasons}) if reasons else e
+        )
+    return out
 
 
 def _flag(value: Any, strategy: str) -> bool:
