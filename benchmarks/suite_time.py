@@ -30,27 +30,33 @@ from typing import Any
 INVOCATION_KEYS = ("started", "wall_seconds", "cells_run", "cpu_model", "cpu_count")
 
 
+def cell_row(cell: str, rounds: float, evaluation: float) -> dict[str, Any]:
+    """A timed cell by its folder under ``OUT/runs`` (``task/scenario/strategy/seedS`` or
+    ``task/tuning/scenario/strategy/point/seedS``): its task, phase, strategy and seconds."""
+    parts = cell.split("/")
+    phase = "tune" if parts[1] == "tuning" else "eval"
+    return {
+        "cell": cell,
+        "task": parts[0],
+        "phase": phase,
+        "strategy": parts[3] if phase == "tune" else parts[2],
+        "rounds": float(rounds),
+        "eval": float(evaluation),
+    }
+
+
 def cell_seconds(runs: Path) -> Iterator[dict[str, Any]]:
     """Every finished cell under ``runs`` (``OUT/runs``): its task, phase, strategy and the
     seconds it spent in rounds and in evaluations."""
     for timings in sorted(runs.glob("**/seed*/timings.json")):
         if not (timings.parent / "summary.json").exists():
             continue  # unfinished
-        parts = timings.relative_to(runs).parts
-        task, phase = parts[0], "tune" if parts[1] == "tuning" else "eval"
-        strategy = parts[3] if phase == "tune" else parts[2]
         spent: dict[str, float] = defaultdict(float)
         for evaluation in json.loads(timings.read_text()).get("evaluations", []):
             for name, seconds in evaluation.get("seconds", {}).items():
                 spent[name] += float(seconds)
-        yield {
-            "cell": timings.parent.relative_to(runs).as_posix(),
-            "task": task,
-            "phase": phase,
-            "strategy": strategy,
-            "rounds": spent.get("rounds", 0.0),
-            "eval": spent.get("eval", 0.0),
-        }
+        cell = timings.parent.relative_to(runs).as_posix()
+        yield cell_row(cell, spent.get("rounds", 0.0), spent.get("eval", 0.0))
 
 
 def cell_rows(out: Path, previous: dict[str, Any] | None) -> list[dict[str, Any]]:
@@ -58,17 +64,7 @@ def cell_rows(out: Path, previous: dict[str, Any] | None) -> list[dict[str, Any]
     previous JSON's ``cell_times``."""
     rows = {c["cell"]: c for c in cell_seconds(out / "runs")}
     for cell, rounds, evaluation in (previous or {}).get("cell_times", []):
-        if cell not in rows:
-            parts = cell.split("/")
-            phase = "tune" if parts[1] == "tuning" else "eval"
-            rows[cell] = {
-                "cell": cell,
-                "task": parts[0],
-                "phase": phase,
-                "strategy": parts[3] if phase == "tune" else parts[2],
-                "rounds": float(rounds),
-                "eval": float(evaluation),
-            }
+        rows.setdefault(cell, cell_row(cell, rounds, evaluation))
     return [rows[k] for k in sorted(rows)]
 
 

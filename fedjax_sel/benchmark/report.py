@@ -125,8 +125,9 @@ def markdown(doc: Mapping[str, Any], images: str = "") -> str:
                 continue
             where = (doc.get("track_scenarios") or {}).get(other)
             scope = f"scenarios: {', '.join(where)}" if where else ""
-            on = (doc.get("track_tasks") or {}).get(other)
-            if on and on != (doc.get("track_tasks") or {}).get(track):
+            tasks = doc.get("track_tasks") or {}
+            on = tasks.get(other)
+            if on and on != tasks.get(track):
                 scope = f"tasks: {', '.join(on)}" + (f"; {scope}" if scope else "")
             scope = f" ({scope})" if scope else ""
             lines += [

@@ -459,7 +459,6 @@ def parse_suite(spec: Mapping[str, Any]) -> Suite:
             else e
             for e in entries
         ]
-    entries = _task_limits(tasks, [s.name for s in scenarios], tracks, entries)
     labels = [e.label for e in entries]
     if len(set(labels)) != len(labels):
         raise ConfigError(
@@ -470,13 +469,9 @@ def parse_suite(spec: Mapping[str, Any]) -> Suite:
         raise ConfigError(f"suite: baseline {baseline!r} is not one of the strategies {labels}")
     seeds = _seed_list(options.get("seeds", 10), "[suite] seeds")
     tuning = parse_tuning(_table(spec, "tuning"), seeds, [s.name for s in scenarios])
-    tuned_in = tuning.scenario or scenarios[0].name
-    for task in tasks:
-        if task.scenarios is not None and tuned_in != "each" and tuned_in not in task.scenarios:
-            raise ConfigError(
-                f"suite: [tasks.{task.name}] scenarios {list(task.scenarios)} leave out the "
-                f"tuning scenario {tuned_in!r}, where every strategy's lr is chosen"
-            )
+    entries = _task_limits(
+        tasks, [s.name for s in scenarios], tracks, tuning.scenario or scenarios[0].name, entries
+    )
     fraction = options.get("stable_fraction", 0.1)
     if not (_number(fraction) and 0 < fraction <= 1):
         raise ConfigError(f"suite: stable_fraction must be in (0, 1], got {fraction!r}")
@@ -535,10 +530,15 @@ def _names(table: Mapping[str, Any], key: str, task: str) -> tuple[str, ...] | N
 
 
 def _task_limits(
-    tasks: Sequence[Task], scenarios: Sequence[str], tracks: Sequence[str], entries: list[Entry]
+    tasks: Sequence[Task],
+    scenarios: Sequence[str],
+    tracks: Sequence[str],
+    tuned_in: str,
+    entries: list[Entry],
 ) -> list[Entry]:
-    """Each task's ``scenarios`` and ``tracks``, checked against the suite's, as
-    not-applicable reasons on the entries (the ranking and coverage count them as such)."""
+    """Each task's ``scenarios`` and ``tracks``, checked against the suite's (and against
+    ``tuned_in``, the tuning scenario), as not-applicable reasons on the entries (the ranking
+    and coverage count them as such)."""
     for task in tasks:
         for key, known in (("scenarios", scenarios), ("tracks", tracks)):
             given = getattr(task, key)
@@ -551,6 +551,11 @@ def _task_limits(
             raise ConfigError(
                 f"suite: [tasks.{task.name}] tracks {list(task.tracks)} leave out the ranked "
                 f"track {tracks[0]!r}"
+            )
+        if task.scenarios is not None and tuned_in != "each" and tuned_in not in task.scenarios:
+            raise ConfigError(
+                f"suite: [tasks.{task.name}] scenarios {list(task.scenarios)} leave out the "
+                f"tuning scenario {tuned_in!r}, where every strategy's lr is chosen"
             )
     out = []
     for e in entries:

@@ -38,10 +38,10 @@ def task_deadlines(
     shares: dict[str, float] = {}
     lo, hi = DEADLINE_CUT_BOUNDS
     for scenario in suite.scenarios:
-        if scenario.deadline_quantile is None or (
-            task.scenarios is not None and scenario.name not in task.scenarios
+        if scenario.deadline_quantile is None or all(
+            e.reason(task.name, scenario.name) for e in suite.strategies
         ):
-            continue  # no deadline, or the task does not run there
+            continue  # no deadline, or no strategy runs there
         d = deadline_for(suite, task, scenario, data_memo)
         where = f"{task.name}/{scenario.name}"
         if not lo <= d.cut_share <= hi:

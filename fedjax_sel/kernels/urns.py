@@ -354,9 +354,9 @@ def ward_flat_clusters(
         s = s.at[a].add(jnp.where(ok, s[b], 0.0))
         mass = mass.at[a].add(jnp.where(ok, mass[b], 0.0))
         # nearest neighbours: the merged row afresh; a row may only get closer to the merged
-        # item through rounding (reducibility), and rows whose neighbour was a or b recomputed
-        # each row's neighbour is the first index of its row's minimum, kept so by every
-        # step: the merged item becomes a row's neighbour when strictly closer, or as close
+        # item through rounding (reducibility). Each row's neighbour is the first index of its
+        # row's minimum, kept so by every step: the merged item becomes a row's neighbour when
+        # strictly closer, or as close
         # and first (its index a is below the row's neighbour; for a row whose neighbour was a
         # or b, below any other index at that distance), so only rows whose neighbour was a
         # or b and are now farther from a are recomputed
