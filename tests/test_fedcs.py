@@ -15,7 +15,13 @@ import pytest
 from fedjax_sel.base import ConfigError, RoundInputs
 from fedjax_sel.kernels import uniform_without_replacement
 from fedjax_sel.strategies import make_strategy
-from fedjax_sel.strategies.fedcs import deadline_greedy, num_candidates
+from fedjax_sel.strategies.fedcs import (
+    deadline_greedy,
+    never_picked,
+    num_candidates,
+    pool_size,
+    pruned_deadline_greedy,
+)
 
 
 def np_fedcs(t_ud, t_ul, t_dl, budget, max_picks=None, eligible=None, use_max=True):
@@ -120,6 +126,83 @@ def test_greedy_matches_the_literal_loop(seed):
         assert g_theta == pytest.approx(theta, rel=1e-5) and g_down == pytest.approx(down)
         if want:
             assert schedule_length(want, t_ud, t_ul, t_dl) < budget
+
+
+PRUNE_N, PRUNE_PICKS, PRUNE_KEEP = 512, 8, 64
+
+
+@jax.jit
+def _full_and_pruned(t_ud, t_ul, t_dl, eligible, budget):
+    args = (t_ud, t_ul, t_dl, eligible, budget, PRUNE_PICKS)
+    never = never_picked(*args)
+    return deadline_greedy(*args), pruned_deadline_greedy(*args, PRUNE_KEEP), never
+
+
+def _profiles(rng, kind):
+    n = PRUNE_N
+    if kind == "equal":
+        return np.full(n, 3.0), np.full(n, 1.0), np.full(n, 1.0)
+    if kind == "ties":  # a few distinct values: many exact ties of the score
+        return tuple(rng.integers(1, 4, n).astype(float) for _ in range(3))
+    if kind == "comm":  # communication-bound: the bound rules out most candidates
+        return rng.lognormal(-3.0, 1.0, n), *(2 * [rng.lognormal(0.0, 1.0, n)])
+    return rng.lognormal(1.0, 1.0, n), rng.lognormal(0.0, 0.8, n), rng.lognormal(0.0, 0.8, n)
+
+
+def test_pruned_greedy_is_the_greedy_bit_for_bit():
+    """The pool of candidates that ``never_picked`` does not rule out gives the full greedy's
+    schedule exactly, on the pool (count <= keep) and the fallback branch alike; no ruled-out
+    candidate is ever among the full greedy's picks; equal speeds leave the first picks."""
+    rng = np.random.default_rng(0)
+    branches = {True: 0, False: 0}
+    for kind in ("equal", "ties", "comm", "mixed"):
+        for i in range(12):  # every pair of an eligible share (some below the picks) and budget
+            t_ud, t_ul, t_dl = (jnp.asarray(a, jnp.float32) for a in _profiles(rng, kind))
+            eligible = jnp.asarray(rng.random(PRUNE_N) < [0.01, 0.5, 1.0][i % 3])
+            budget = jnp.float32([4.0, 8.0, 30.0, 1e4][i % 4])
+            full, pruned, never = _full_and_pruned(t_ud, t_ul, t_dl, eligible, budget)
+            for a, b in zip(full, pruned, strict=True):
+                np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+            picks = np.asarray(full.order)[np.asarray(full.valid)]
+            never = np.asarray(never)
+            assert not never[picks].any()
+            pool = np.asarray(eligible) & ~never
+            branches[bool(pool.sum() <= PRUNE_KEEP)] += 1
+            if kind == "equal" and eligible.sum() >= PRUNE_PICKS:
+                assert np.flatnonzero(pool).tolist() == np.flatnonzero(eligible)[:8].tolist()
+    assert branches[True] >= 12 and branches[False] >= 3, branches
+
+
+@pytest.mark.parametrize(
+    "fast, late",
+    [
+        # the greedy's 8th pick is the late one, outside T (s = 3.5 > T's 3.2), faster in
+        # upload than T's slowest uploader: the dominance needs T's maxima
+        ([(1, 1, 1)] * 7 + [(1, 2, 0.2)], (1, 1.5, 1)),
+        # picked once the multicast has paid for its download (s = 1.9 > T's 1.6): its upload
+        # lies below the bound max_T s = 1.6, not below half of it
+        ([(0, 1, 0)] * 6 + [(1, 0.5, 0), (0, 1.6, 0)], (1, 0.9, 0)),
+    ],
+)
+def test_a_late_pick_outside_the_fastest_is_kept(fast, late):
+    """Planted: ``x`` is not among the ``max_picks`` of smallest ``s`` but the greedy picks it;
+    the dominance test keeps it, and the pruned greedy gives the same schedule."""
+    profile = np.full((PRUNE_N, 3), 10.0)  # (t^DL, t^UL, t^UD)
+    profile[:8] = fast
+    profile[100] = late
+    t_dl, t_ul, t_ud = (jnp.asarray(profile[:, i], jnp.float32) for i in range(3))
+    eligible = jnp.ones(PRUNE_N, bool)
+    full, pruned, never = _full_and_pruned(t_ud, t_ul, t_dl, eligible, jnp.float32(1e3))
+    picks = np.asarray(full.order)[np.asarray(full.valid)].tolist()
+    assert picks[-1] == 100 and len(picks) == 8
+    assert not bool(never[100]) and np.asarray(never)[8:].sum() == PRUNE_N - 9
+    np.testing.assert_array_equal(np.asarray(pruned.order), np.asarray(full.order))
+
+
+def test_pool_only_where_candidates_are_many():
+    assert pool_size(1000, 10) == 1000  # 4 x 1024 > 1000: no test, the greedy over all
+    assert pool_size(500_000, 1000) == 16_000
+    assert pool_size(500_000, 10) == 1024
 
 
 def _inputs(available, compute, comm, n):

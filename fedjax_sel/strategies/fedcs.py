@@ -33,7 +33,10 @@ over the candidates that fit *now*: a candidate the loop drops (it does not fit)
 fit later, because ``Theta`` and ``T^d_S`` only grow with ``S`` and ``Theta'`` is
 non-decreasing in ``Theta`` (``Theta' = max(Theta, t^UD) + t^UL``), and dropping it changes
 no state, so the greedy's picks are exactly the successive argmaxes among the fitting ones
-(checked against the literal loop in tests/test_fedcs.py). Cost O(per_round |K'|). The
+(checked against the literal loop in tests/test_fedcs.py). Cost O(per_round |K'|). With many
+candidates (at least four times ``max(16 per_round, 1024)``) a dominance test first rules out
+those that can never be picked (:func:`never_picked`), and the greedy runs on the rest when at
+most ``max(16 per_round, 1024)`` remain (the same schedule, bit for bit). The
 variable-size result (``|S| <= per_round``) is the slot order (the upload schedule) plus a
 valid mask; ``per_round`` is the static bound ``m_max`` (the paper has none: give a large
 ``per_round`` to let FedCS fill as many slots as fit).
@@ -131,6 +134,91 @@ def deadline_greedy(
     return Schedule(order, valid, theta, down)
 
 
+def pool_size(num_candidates: int, max_picks: int) -> int:
+    """The static size of :func:`pruned_deadline_greedy`'s pool (all candidates when that is
+    not much smaller)."""
+    keep = max(16 * max_picks, 1024)
+    return num_candidates if 4 * keep > num_candidates else keep
+
+
+def never_picked(
+    update_s: Array,
+    upload_s: Array,
+    download_s: Array,
+    eligible: Array,
+    budget: Array,
+    max_picks: int,
+) -> Array:
+    """bool[n]: candidates that :func:`deadline_greedy` provably never picks in its
+    ``max_picks`` steps (none when fewer than ``max_picks`` are eligible).
+
+    Let ``T`` be the ``max_picks`` eligible candidates of smallest ``s_k = t^DL_k + t^UL_k +
+    t^UD_k``. Before each step at least one member ``y`` of ``T`` remains, and a candidate
+    ``x`` is never the argmax while such a ``y`` is there if either
+
+    1. ``t^UL_x > max_T s`` (with a rounding margin): ``y``'s increment is at most ``s_y``,
+       ``x``'s at least ``t^UL_x``, and ``y``'s schedule is shorter, so ``y`` fits whenever
+       ``x`` does; or
+    2. ``x`` is no faster than every member of ``T`` in each of ``t^DL``, ``t^UL`` and
+       ``t^UD`` and comes after all of them: the increment and the schedule are
+       non-decreasing in each (in floating point too), and ties go to the lower position.
+    """
+    n = update_s.shape[0]
+    if max_picks > n:
+        return jnp.zeros((n,), bool)
+    total = jnp.where(eligible, download_s + upload_s + update_s, jnp.inf)
+    # fewer eligible than max_picks: all of them are in T, and neither test rules out a member
+    _, fastest = jax.lax.top_k(-total, max_picks)
+    # rounding: increments and schedules are sums of terms up to the budget
+    bound = jnp.max(total[fastest]) * (1.0 + 1e-4) + 1e-5 * jnp.abs(budget)
+    slower = (
+        (download_s >= jnp.max(download_s[fastest]))
+        & (upload_s >= jnp.max(upload_s[fastest]))
+        & (update_s >= jnp.max(update_s[fastest]))
+        & (jnp.arange(n) > jnp.max(fastest))
+    )
+    return eligible & ((upload_s > bound) | slower)
+
+
+def pruned_deadline_greedy(
+    update_s: Array,
+    upload_s: Array,
+    download_s: Array,
+    eligible: Array,
+    budget: Array,
+    max_picks: int,
+    keep: int,
+) -> Schedule:
+    """:func:`deadline_greedy`'s schedule, exactly, run on a pool of at most ``keep`` (static)
+    candidates: those :func:`never_picked` does not rule out, in position order (ties still go
+    to the lower position). When more than ``keep`` remain the greedy runs over all
+    candidates (``lax.cond``; under ``vmap`` both branches run). Cost ``O(n log max_picks)``
+    for the test plus ``O(max_picks keep)``, against ``O(max_picks n)``; equal speeds (the
+    engine's default profile) leave the first ``max_picks`` eligible candidates."""
+    n = update_s.shape[0]
+    if keep >= n:
+        return deadline_greedy(update_s, upload_s, download_s, eligible, budget, max_picks)
+    pool = eligible & ~never_picked(update_s, upload_s, download_s, eligible, budget, max_picks)
+    count = jnp.sum(pool)
+    (pos,) = jnp.nonzero(pool, size=keep, fill_value=0)
+
+    def on_pool(_):
+        s = deadline_greedy(
+            update_s[pos],
+            upload_s[pos],
+            download_s[pos],
+            jnp.arange(keep) < count,
+            budget,
+            max_picks,
+        )
+        return s._replace(order=jnp.where(s.valid, pos[s.order], 0).astype(jnp.int32))
+
+    def on_all(_):
+        return deadline_greedy(update_s, upload_s, download_s, eligible, budget, max_picks)
+
+    return jax.lax.cond(count <= keep, on_pool, on_all, None)
+
+
 def num_candidates(fraction: float, num_clients: int) -> int:
     """``ceil(C K)`` candidates (at least one, at most K)."""
     return max(1, min(num_clients, math.ceil(fraction * num_clients - 1e-9)))
@@ -195,8 +283,14 @@ def fedcs(
             cand, cand_ok = cand[order], cand_ok[order]
             half_comm = 0.5 * inputs.comm_seconds[cand]
             budget = deadline - request_seconds - aggregation_seconds
-            sched = deadline_greedy(
-                inputs.compute_seconds[cand], half_comm, half_comm, cand_ok, budget, per_round
+            sched = pruned_deadline_greedy(
+                inputs.compute_seconds[cand],
+                half_comm,
+                half_comm,
+                cand_ok,
+                budget,
+                per_round,
+                pool_size(n_c, per_round),
             )
             clients = cand[sched.order]
             mask = sched.valid
