@@ -340,3 +340,37 @@ def test_task_scenarios_and_tracks_keep_a_task_to_them(tmp_path):
         bad_spec["tasks"]["small"][key] = bad
         with pytest.raises(ConfigError, match=match):
             suite_lib.parse_suite(bad_spec)
+
+
+def test_readme_ranking_names_cells_and_identical_rows():
+    """The README's top five carry each strategy's number of ranked cells, and a strategy
+    ranked on fewer cells because its rows equal another's elsewhere says so."""
+    from fedjax_sel.benchmark import page
+
+    def entry(name, cells, identical=None):
+        by_cell = {f"t/s{i}": 1.0 for i in range(cells)}
+        return {
+            "strategy": name,
+            "mean_rank": 2.0,
+            "ci_low": 1.5,
+            "ci_high": 2.5,
+            "cells": cells,
+            "rank_by_cell": by_cell,
+            "identical_to": identical or {},
+        }
+
+    doc = {
+        "coverage": {"cells": 8, "finished": 8, "not_applicable": 0},
+        "ranking": [
+            entry("a", 4),
+            entry("twin", 1, {"t/s1": "a", "t/s2": "a", "t/s3": "a"}),
+        ],
+        "suite": "x",
+        "seeds": list(range(20)),
+        "baseline": "uniform",
+    }
+    text = page.readme_block(doc)
+    assert "| 1 | a | 2.00 [1.50, 2.50] | 4 |" in text
+    assert "| 2 | twin | 2.00 [1.50, 2.50] | 1 |" in text
+    assert "`twin` is ranked on 1 of 4 cells: in 3 others its rows are identical by " in text
+    assert "`a`'s and count once" in text and "`a` is ranked" not in text

@@ -5,7 +5,7 @@ block (:func:`readme_block`), generated from a committed results folder by
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fedjax_sel.benchmark.report import TRACK_TEXT, machine_text, markdown
@@ -287,14 +287,15 @@ def readme_block(doc: Mapping[str, Any], page: str = "docs/benchmark.md") -> str
     ]
     if top:
         lines += [
-            "| rank | strategy | mean rank [95% CI] |",
-            "|---:|---|---|",
+            "| rank | strategy | mean rank [95% CI] | cells |",
+            "|---:|---|---|---:|",
             *(
                 f"| {i} | {r['strategy']} | {r['mean_rank']:.2f} [{r['ci_low']:.2f}, "
-                f"{r['ci_high']:.2f}] |"
+                f"{r['ci_high']:.2f}] | {r['cells']} |"
                 for i, r in enumerate(top, 1)
             ),
             "",
+            *_fewer_cells(top, len(cells)),
             *(
                 [
                     f"{', '.join(f'`{x}`' for x in doc['every_client'])} (reported, never "
@@ -313,6 +314,22 @@ def readme_block(doc: Mapping[str, Any], page: str = "docs/benchmark.md") -> str
         lines.append("No cell has finished yet.")
     lines.append(README_END)
     return "\n".join(lines)
+
+
+def _fewer_cells(rows: Sequence[Mapping[str, Any]], num_cells: int) -> list[str]:
+    """A line for each listed strategy ranked on fewer cells than the others because its rows
+    are identical by construction to another's elsewhere (they count once, under that one)."""
+    lines = []
+    for r in rows:
+        same = sorted(set((r.get("identical_to") or {}).values()))
+        if r["cells"] < num_cells and same:
+            n = len(r["identical_to"])
+            lines.append(
+                f"`{r['strategy']}` is ranked on {r['cells']} of {num_cells} cells: in {n} "
+                f"others its rows are identical by construction to "
+                f"{', '.join(f'`{x}`' for x in same)}'s and count once, there."
+            )
+    return [*lines, ""] if lines else []
 
 
 def replace_readme_block(text: str, block: str) -> str:
