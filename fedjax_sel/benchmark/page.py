@@ -321,11 +321,12 @@ def _fewer_cells(rows: Sequence[Mapping[str, Any]], num_cells: int) -> list[str]
     are identical by construction to another's elsewhere (they count once, under that one)."""
     lines = []
     for r in rows:
-        same = sorted(set((r.get("identical_to") or {}).values()))
+        identical = r.get("identical_to") or {}
+        same = sorted(set(identical.values()))
         if r["cells"] < num_cells and same:
-            n = len(r["identical_to"])
             lines.append(
-                f"`{r['strategy']}` is ranked on {r['cells']} of {num_cells} cells: in {n} "
+                f"`{r['strategy']}` is ranked on {r['cells']} of {num_cells} cells: in "
+                f"{len(identical)} "
                 f"others its rows are identical by construction to "
                 f"{', '.join(f'`{x}`' for x in same)}'s and count once, there."
             )

@@ -196,9 +196,10 @@ def pruned_deadline_greedy(
     for the test plus ``O(max_picks keep)``, against ``O(max_picks n)``; equal speeds (the
     engine's default profile) leave the first ``max_picks`` eligible candidates."""
     n = update_s.shape[0]
+    args = (update_s, upload_s, download_s, eligible, budget, max_picks)
     if keep >= n:
-        return deadline_greedy(update_s, upload_s, download_s, eligible, budget, max_picks)
-    pool = eligible & ~never_picked(update_s, upload_s, download_s, eligible, budget, max_picks)
+        return deadline_greedy(*args)
+    pool = eligible & ~never_picked(*args)
     count = jnp.sum(pool)
     (pos,) = jnp.nonzero(pool, size=keep, fill_value=0)
 
@@ -213,10 +214,7 @@ def pruned_deadline_greedy(
         )
         return s._replace(order=jnp.where(s.valid, pos[s.order], 0).astype(jnp.int32))
 
-    def on_all(_):
-        return deadline_greedy(update_s, upload_s, download_s, eligible, budget, max_picks)
-
-    return jax.lax.cond(count <= keep, on_pool, on_all, None)
+    return jax.lax.cond(count <= keep, on_pool, lambda _: deadline_greedy(*args), None)
 
 
 def num_candidates(fraction: float, num_clients: int) -> int:
