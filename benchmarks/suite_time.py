@@ -16,6 +16,12 @@ every timed cell's seconds (``cell_times``, by the cell's folder under ``OUT/run
 rerun keeps the cells of the previous JSON that this machine's ``runs`` no longer has, taking
 this machine's value where both have one. A JSON written before ``cell_times`` existed is
 carried as its totals (``carried``): its cells were all run before any cell of ``runs``.
+
+Cells run again replace their earlier records (on 2026-12-08 the cells made on 2026-11-28, on
+another CPU target, were run again so that every committed record reruns bit for bit on one
+target): ``--superseded-before TIME`` sets aside the invocations that started before ``TIME``
+and the carried totals, whose records are no longer committed. They stay in the JSON, under
+``superseded``, but count in no total.
 """
 
 from __future__ import annotations
@@ -79,15 +85,31 @@ def carried_figures(previous: dict[str, Any] | None) -> dict[str, Any] | None:
     return {k: previous[k] for k in keys}
 
 
-def summarize(out: Path, previous: dict[str, Any] | None = None) -> dict[str, Any]:
+def summarize(
+    out: Path, previous: dict[str, Any] | None = None, superseded_before: str | None = None
+) -> dict[str, Any]:
     """The suite's seconds by task, strategy and phase, and its recorded wall time; the
-    cells and totals of ``previous`` (the JSON this writes) that ``OUT/runs`` lacks are kept."""
+    cells and totals of ``previous`` (the JSON this writes) that ``OUT/runs`` lacks are kept,
+    except what ``superseded_before`` (an ISO time) sets aside (module docstring)."""
     cells = cell_rows(out, previous)
     carried = carried_figures(previous)
     invocations = []
     path = out / "invocations.json"
     if path.exists():
         invocations = [e for e in json.loads(path.read_text()) if e.get("cells_run")]
+    superseded = dict((previous or {}).get("superseded") or {})
+    if superseded_before is not None:
+        old = [e for e in invocations if e["started"] < superseded_before]
+        invocations = [e for e in invocations if e["started"] >= superseded_before]
+        superseded = {
+            "before": superseded_before,
+            "invocations": [{k: e.get(k) for k in INVOCATION_KEYS} for e in old],
+            "wall_seconds": round(sum(float(e.get("wall_seconds", 0.0)) for e in old), 1),
+            "carried": carried if carried is not None else superseded.get("carried"),
+        }
+        carried = None
+    elif superseded:  # set aside by an earlier call: stays aside
+        invocations = [e for e in invocations if e["started"] >= superseded["before"]]
 
     def table(key: str) -> list[dict[str, Any]]:
         groups: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
@@ -126,6 +148,7 @@ def summarize(out: Path, previous: dict[str, Any] | None = None) -> dict[str, An
         "by_phase": table("phase"),
         "by_strategy": table("strategy"),
         "carried": carried,
+        "superseded": superseded or None,
         "cell_times": [[c["cell"], round(c["rounds"], 2), round(c["eval"], 2)] for c in cells],
     }
 
@@ -157,12 +180,19 @@ def main(argv: list[str] | None = None) -> int:
         help="what the figures cannot say, e.g. other work that ran beside the suite "
         "(repeatable; replaces the previous JSON's notes, which are kept without it)",
     )
+    p.add_argument(
+        "--superseded-before",
+        default=None,
+        metavar="TIME",
+        help="ISO time (2026-12-07T00:00:00Z): the invocations started before it and the "
+        "carried totals made records that were all run again; set aside, not counted",
+    )
     a = p.parse_args(argv)
     target = a.json or a.out / "suite_time.json"
     previous = json.loads(target.read_text()) if target.exists() else None
     if not (a.out / "runs").is_dir() and previous is None:
         p.error(f"{a.out}/runs does not exist: run the suite into --out on this machine first")
-    doc = summarize(a.out, previous)
+    doc = summarize(a.out, previous, a.superseded_before)
     doc["notes"] = a.note or (previous or {}).get("notes", [])
     target.write_text(json.dumps(doc, indent=1) + "\n")
     print_summary(doc)

@@ -76,3 +76,35 @@ def test_cpu_model_is_recorded(tmp_path):
     assert cpu_model(tmp_path / "blank") == fallback
     recorded = machine_info()["cpu_model"]
     assert isinstance(recorded, str) and recorded
+
+
+def test_cpu_code_target_names_vendor_model_and_vector_extensions(tmp_path):
+    """What XLA compiles for, from ``/proc/cpuinfo``: an AVX2 EPYC and an AVX-512 one of the
+    same family differ, an Arm CPU is named by implementer and part, and the first processor's
+    block alone is read."""
+    from fedjax_sel.experiment.provenance import cpu_code_target, machine_info
+
+    amd = tmp_path / "amd"
+    amd.write_text(
+        "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 1\n"
+        "model name\t: AMD EPYC\nflags\t\t: fpu sse sse2 sse4_2 fma avx f16c avx2 bmi2\n\n"
+        "processor\t: 1\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+        "flags\t\t: avx512f\n"
+    )
+    assert cpu_code_target(amd) == "AuthenticAMD 25/1: sse4_2 avx avx2 fma f16c"
+    genoa = tmp_path / "genoa"
+    genoa.write_text(
+        "vendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+        "flags\t\t: avx2 avx avx512f avx512bw avx512_vnni sse4_2 fma avx512vl avx512dq\n"
+    )
+    assert cpu_code_target(genoa) == (
+        "AuthenticAMD 25/17: sse4_2 avx avx2 fma avx512f avx512dq avx512bw avx512vl avx512_vnni"
+    )
+    arm = tmp_path / "arm"
+    arm.write_text(
+        "processor\t: 0\nFeatures\t: fp asimd sve\nCPU implementer\t: 0x41\nCPU part\t: 0xd40\n"
+    )
+    assert cpu_code_target(arm) == "0x41/0xd40: asimd sve"
+    assert cpu_code_target(tmp_path / "missing") == "unknown"
+    info = machine_info()
+    assert info["cpu_target"] == cpu_code_target() and info["jaxlib_version"]

@@ -479,6 +479,7 @@ def benchmark_script(name: str, monkeypatch):
     monkeypatch.syspath_prepend(str(folder))
     spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
     script = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, script)  # a dataclass looks its module up there
     spec.loader.exec_module(script)
     return script
 
@@ -621,3 +622,64 @@ def test_suite_time_keeps_earlier_sessions_cells(monkeypatch, tmp_path):
         "mnist/tuning/ideal/oort/p0/seed1000",
         "shakespeare/ideal/uniform/seed0",
     ]
+    # The legacy cells are run again (digits here): the invocations before that and the
+    # carried totals are set aside, listed but counted nowhere, and stay aside in later calls.
+    cell("digits/ideal/uniform/seed0", 7.0, 1.0)
+    runs = [("2026-11-28T05:00:00Z", 100.0), ("2026-12-07T17:00:00Z", 30.0)]
+    runs.append(("2026-12-08T01:00:00Z", 20.0))
+    entries = [{"started": t, "wall_seconds": w, "cells_run": 1} for t, w in runs]
+    (tmp_path / "invocations.json").write_text(json.dumps(entries))
+    third = script.summarize(tmp_path, json.loads(json.dumps(second)), "2026-12-07T00:00:00Z")
+    assert third["carried"] is None and third["cells"] == 4
+    assert third["cell_seconds"] == pytest.approx(5.0 + 2.5 + 8.0 + 8.0)
+    assert third["wall_seconds"] == 50.0 and len(third["invocations"]) == 2
+    aside = third["superseded"]
+    assert aside["wall_seconds"] == 100.0 and aside["carried"]["cells"] == 5
+    fourth = script.summarize(tmp_path, json.loads(json.dumps(third)))
+    assert (fourth["superseded"], fourth["wall_seconds"]) == (aside, 50.0)
+    assert fourth["cells"] == 4 and fourth["carried"] is None
+
+
+def test_check_committed_leaves_out_cells_of_another_cpu_target(monkeypatch, tmp_path):
+    """A sampled cell whose record names another CPU target is listed, not compared (its bits
+    may differ there); one of this target that differs fails the check; a sample left with
+    nothing compared fails too (it checked nothing)."""
+    script = benchmark_script("check_committed", monkeypatch)
+    records = [
+        {"phase": "eval", "scenario": s, "strategy": "uniform", "seed": 0, "metrics": {}}
+        for s in ("ideal", "devices")
+    ]
+    folder = tmp_path / script.SUITE_RESULTS / "per_seed"
+    folder.mkdir(parents=True)
+    (folder / "digits.json").write_text(json.dumps({"meta": {}, "cells": records}))
+    monkeypatch.setattr(script, "ROOT", tmp_path)
+    sample = script.SuiteSample("s", "eval", ("uniform",), "test")
+    monkeypatch.setattr(script, "SUITE_SAMPLES", (sample,))
+    results = {  # by scenario: (same_target, recorded, rerun)
+        "ideal": (True, 0.5, 0.5),
+        "devices": (False, 0.5, 0.25),
+    }
+
+    def fake_cli(args, log, env, ok=(0,)):
+        same, recorded, rerun = results[args[5].split("/")[1]]
+        result = {"recorded": {"final_accuracy": recorded}, "rerun": {"final_accuracy": rerun}}
+        result |= {
+            "same_target": same,
+            "recorded_on": None if same else "GenuineIntel 6/143: avx512f",
+        }
+        log.write_text(json.dumps(result) + "\n")
+        return 1.0
+
+    monkeypatch.setattr(script, "cli", fake_cli)
+    [row] = script.check_suite(tmp_path, {})
+    assert (row["values"], row["equal"]) == (1, 1)
+    assert row["other_target"] == [
+        "--rerun digits/devices/uniform --json --seed 0 (GenuineIntel 6/143: avx512f)"
+    ]
+    assert script.verdict([row], baseline=False)
+    results["ideal"] = (True, 0.5, 0.75)  # this target, another value: a failure
+    assert not script.verdict(script.check_suite(tmp_path, {}), baseline=False)
+    results["ideal"] = (False, 0.5, 0.5)  # every cell elsewhere: nothing was checked
+    [row] = script.check_suite(tmp_path, {})
+    assert row["values"] == 0 and len(row["other_target"]) == 2
+    assert not script.verdict([row], baseline=False)

@@ -20,6 +20,7 @@ from fedjax_sel.benchmark import suite as suite_lib
 from fedjax_sel.cli.main import main
 from fedjax_sel.config import RunConfig
 from fedjax_sel.experiment.loop import chunk_length
+from fedjax_sel.experiment.provenance import cpu_code_target
 from fedjax_sel.experiment.records import Store
 from fedjax_sel.experiment.stats import holm
 
@@ -313,7 +314,7 @@ def test_records_carry_config_and_batch_and_a_rerun_gives_byte_identical_records
         assert (config.seed, config.label, config.dataset) == (r["seed"], r["strategy"], "digits")
         batch = r["batch"]
         assert batch["chosen_by"] == "memory" and batch["size"] == len(batch["seeds"])
-        assert r["parallel"]
+        assert r["parallel"] and r["cpu_target"] == cpu_code_target()
         if r["phase"] == "eval":  # the three seeds of a strategy: one batch
             assert batch["seeds"] == [0, 1, 2] and batch["bound"] == 3 and "hparams" not in batch
         else:  # the tuning seeds at both grid points, vmapped together
@@ -627,7 +628,7 @@ def test_rerun_of_a_tuning_cell_with_a_knob_and_a_planted_series_change(tmp_path
     assert "--knob NAME=VALUE" in capsys.readouterr().err
     assert main([*argv, "--knob", "beta"]) == 2
     assert "--knob takes NAME=VALUE" in capsys.readouterr().err
-    from fedjax_sel.benchmark.rerun import rerun_cell
+    from fedjax_sel.benchmark.rerun import print_rerun, rerun_cell
 
     store_path = res / "per_seed" / "digits.json"
     data = json.loads(store_path.read_text())
@@ -638,3 +639,20 @@ def test_rerun_of_a_tuning_cell_with_a_knob_and_a_planted_series_change(tmp_path
     suite = suite_lib.load_suite(path)
     result = rerun_cell(suite, res, "digits/ideal/uniform", 0, echo=lambda *a: None)
     assert result["differs"] == ["series:client_flops"]
+    assert result["same_target"] is True and result["recorded_on"] == cpu_code_target()
+    # made on another CPU target, or on one the record does not name: the difference says so
+    for target, same, says in (
+        ("GenuineIntel 6/143: avx2 avx512f", False, "made on another CPU target (GenuineIntel"),
+        (None, None, "does not name the CPU target"),
+    ):
+        for r in data["cells"]:
+            if r["phase"] == "eval" and r["strategy"] == "uniform":
+                r.pop("cpu_target")
+                if target is not None:
+                    r["cpu_target"] = target
+        store_path.write_text(json.dumps(data))
+        result = rerun_cell(suite, res, "digits/ideal/uniform", 0, echo=lambda *a: None)
+        assert result["same_target"] is same and result["recorded_on"] == target
+        lines: list[str] = []
+        print_rerun(result, echo=lines.append)
+        assert says in lines[-1] and cpu_code_target() in lines[-1]

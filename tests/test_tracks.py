@@ -374,3 +374,32 @@ def test_readme_ranking_names_cells_and_identical_rows():
     assert "| 2 | twin | 2.00 [1.50, 2.50] | 1 |" in text
     assert "`twin` is ranked on 1 of 4 cells: in 3 others its rows are identical by " in text
     assert "`a`'s and count once" in text and "`a` is ranked" not in text
+
+
+def test_page_wall_time_sets_aside_superseded_invocations_and_names_cpu_targets():
+    """The page's wall time counts the invocations that made the committed records: those
+    before the suite-time JSON's ``superseded`` time are named apart, in no figure; an
+    invocation that names its CPU target shows it."""
+    from fedjax_sel.benchmark import page
+
+    def run(started, seconds, target=None):
+        entry = {"started": started, "wall_seconds": seconds, "cpu_model": "AMD EPYC"}
+        entry |= {"cpu_count": 2, "backend": "cpu"}
+        return entry | ({"cpu_target": target} if target else {})
+
+    runs = [
+        run("2026-11-28T05:00:00Z", 3600.0),
+        run("2026-12-07T17:00:00Z", 1800.0),
+        run("2026-12-08T01:00:00Z", 5400.0, "AuthenticAMD 25/1: avx2"),
+    ]
+    assert page.wall_time_text(runs, None) == (
+        "Wall time 3.00 h over 3 invocation(s) on `AMD EPYC` (2 cores, cpu), "
+        "`AMD EPYC` (2 cores, cpu, `AuthenticAMD 25/1: avx2`)."
+    )
+    spent = {"superseded": {"before": "2026-12-07T00:00:00Z"}}
+    text = page.wall_time_text(runs, spent)
+    assert text.startswith("Wall time 2.00 h over 2 invocation(s) on ")
+    assert text.endswith(
+        " 1 earlier invocation(s) (1.00 h, before 2026-12-07T00:00:00Z) made records that "
+        "were all run again; they count in no figure here."
+    )

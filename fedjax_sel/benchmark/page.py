@@ -113,9 +113,6 @@ def cluster_section(suite_file: str, results: str) -> list[str]:
 def docs_page(doc: Mapping[str, Any], suite: Suite, suite_file: str, results: str) -> str:
     """``docs/benchmark.md``: the setup, the method and the leaderboard of the committed
     results in ``results`` (a path relative to ``docs/``'s parent)."""
-    runs = doc.get("runs", [])
-    wall = sum(r["wall_seconds"] for r in runs)
-    machines = sorted({machine_text(r) for r in runs})
     lines = [
         "# The client-selection benchmark",
         "",
@@ -156,13 +153,19 @@ def docs_page(doc: Mapping[str, Any], suite: Suite, suite_file: str, results: st
         f"`fedjax-sel suite {suite_file} --out {results} --rerun TASK/SCENARIO/STRATEGY --seed "
         "S` (a tuning cell: `--lr X`, and `--knob NAME=VALUE` for each knob its strategy "
         "tunes) runs the cell again and compares every metric and cost series with its record "
-        "(exit 0 when identical).",
+        "(exit 0 when identical). Identical holds on a CPU of the record's `cpu_target` (what "
+        "XLA compiled for: vendor, family, model and vector extensions): on another, an "
+        "AVX-512 machine's record rerun on an AVX2 one say, sums round differently in the last "
+        "bits, a selection or an accuracy that hangs on them can change, and the rerun says "
+        "that the targets differ. `python benchmarks/check_committed.py --only suite` reruns a "
+        "sample of every task's committed cells so "
+        "(`benchmarks/results/cpu/check_committed.json`).",
         "",
         *cluster_section(suite_file, results),
         f"Committed results: `{results}/` (`leaderboard.json`, `.csv`, `.md`, `ranking.json`, "
         "`cost_curves.json`, the pictures, and `per_seed/<task>.json`, every cell's metrics "
-        "and cost series, from which everything here is computed). Wall time "
-        f"{wall / 3600:.2f} h over {len(runs)} invocation(s) on {', '.join(machines) or '-'}.",
+        "and cost series, from which everything here is computed). "
+        + wall_time_text(doc.get("runs", []), doc.get("suite_time")),
         "",
         "## Setup",
         "",
@@ -230,6 +233,25 @@ def docs_page(doc: Mapping[str, Any], suite: Suite, suite_file: str, results: st
         markdown(doc, images=f"../{results}/"),
     ]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def wall_time_text(runs: Sequence[Mapping[str, Any]], spent: Mapping[str, Any] | None) -> str:
+    """The wall time and machines of the invocations that made the committed records: those
+    that started before ``spent``'s ``superseded`` time (``benchmarks/suite_time.py
+    --superseded-before``) made records that were all run again, and are named apart."""
+    aside = ((spent or {}).get("superseded") or {}).get("before")
+    old = [r for r in runs if aside is not None and r["started"] < aside]
+    runs = [r for r in runs if r not in old]
+    wall = sum(r["wall_seconds"] for r in runs)
+    machines = ", ".join(sorted({machine_text(r) for r in runs})) or "-"
+    text = f"Wall time {wall / 3600:.2f} h over {len(runs)} invocation(s) on {machines}."
+    if old:
+        text += (
+            f" {len(old)} earlier invocation(s) ({sum(r['wall_seconds'] for r in old) / 3600:.2f}"
+            f" h, before {aside}) made records that were all run again; they count in no figure "
+            "here."
+        )
+    return text
 
 
 def time_section(spent: Mapping[str, Any] | None, results: str) -> list[str]:

@@ -463,10 +463,12 @@ def _tuning_lines(ax: Any, curve: Mapping[str, Any], scale: float) -> None:
 
 def machine_text(run: Mapping[str, Any]) -> str:
     """An invocation's machine in a line (records before the one ``machine_info`` named the CPU
-    ``cpu`` and its count ``cores``)."""
+    ``cpu`` and its count ``cores``; those since 2026-12-08 name what XLA compiled for,
+    ``cpu_target``)."""
     cpu = run.get("cpu_model", run.get("cpu"))
     cores = run.get("cpu_count", run.get("cores"))
-    return f"`{cpu}` ({cores} cores, {run['backend']})"
+    target = f", `{run['cpu_target']}`" if run.get("cpu_target") else ""
+    return f"`{cpu}` ({cores} cores, {run['backend']}{target})"
 
 
 def invocations(out: str | Path) -> list[dict[str, Any]]:

@@ -10,6 +10,14 @@ same phase, scenario and strategy that share its compiled program (the seeds, an
 learning rates), in the suite's order, in batches of the recorded size, with the recorded
 parallelism. Nothing is written; the cell's metrics are compared with its record, value by
 value, exactly.
+
+The bits also depend on what XLA compiled the code for: the record names its CPU target
+(``cpu_target``: vendor, family, model and vector extensions,
+:func:`fedjax_sel.experiment.provenance.cpu_code_target`), and a rerun on another target (an
+AVX-512 machine's record rerun on an AVX2 one, say) may differ in the last bits and, through a
+selection or an accuracy that hangs on them, visibly. The result says whether the targets
+match (``same_target``: ``None`` for a record that does not name its target, made before
+records did), and a difference on another target is reported as such, not as a wrong record.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from fedjax_sel.benchmark.cells import cell_metrics, cell_series
 from fedjax_sel.benchmark.suite import Suite
 from fedjax_sel.config import RunConfig
 from fedjax_sel.experiment.loop import program_key
+from fedjax_sel.experiment.provenance import cpu_code_target
 from fedjax_sel.experiment.records import Store
 from fedjax_sel.experiment.run import run_group
 from fedjax_sel.experiment.tuning import Point
@@ -72,7 +81,9 @@ def rerun_cell(
     """Reruns the recorded cell ``cell`` (``TASK/SCENARIO/STRATEGY``) of seed ``seed`` (a tuning
     cell with ``lr``, and ``knobs`` where the strategy tunes some) from ``out``'s records (see
     the module docstring). Returns ``recorded`` and ``rerun`` metrics (the cost series as
-    ``series:NAME``) and ``differs``, those whose values are not identical."""
+    ``series:NAME``) and ``differs``, those whose values are not identical; ``recorded_on``
+    and ``rerun_on``, the CPU targets of the record (``None`` where it names none) and of this
+    machine, and ``same_target``, whether they are the same (``None``: not known)."""
     task_name, scenario, strategy = parse_cell(cell, suite)
     task = next(t for t in suite.tasks if t.name == task_name)
     path = Path(out) / "per_seed" / f"{task_name}.json"
@@ -129,7 +140,16 @@ def rerun_cell(
     metrics |= {f"series:{k}": v for k, v in cell_series(results[i].evals).items()}
     recorded = record["metrics"] | {f"series:{k}": v for k, v in record.get("series", {}).items()}
     differs = sorted(k for k in set(recorded) | set(metrics) if recorded.get(k) != metrics.get(k))
-    return {"cell": Store.id(ident), "recorded": recorded, "rerun": metrics, "differs": differs}
+    recorded_on, rerun_on = record.get("cpu_target"), cpu_code_target()
+    return {
+        "cell": Store.id(ident),
+        "recorded": recorded,
+        "rerun": metrics,
+        "differs": differs,
+        "recorded_on": recorded_on,
+        "rerun_on": rerun_on,
+        "same_target": None if recorded_on is None else recorded_on == rerun_on,
+    }
 
 
 def print_rerun(result: dict[str, Any], echo: Callable = print) -> None:
@@ -147,5 +167,18 @@ def print_rerun(result: dict[str, Any], echo: Callable = print) -> None:
         echo(f"{n.ljust(width)}  {shown(recorded.get(n)):>22}  {shown(rerun.get(n)):>22}{mark}")
     if result["differs"]:
         echo(f"{result['cell']}: {len(result['differs'])} metric(s) differ from the record")
+        same = result.get("same_target")
+        if same is False:
+            echo(
+                f"the record was made on another CPU target ({result['recorded_on']}; this "
+                f"machine: {result['rerun_on']}): XLA's code, and so the last bits, can differ "
+                "between them; rerun it on a machine of the record's target"
+            )
+        elif same is None:
+            echo(
+                "the record does not name the CPU target it was made on (records before "
+                "2026-12-08; invocations.json lists the suite's machines); on another target "
+                f"than this machine's ({result['rerun_on']}) the last bits can differ"
+            )
     else:
         echo(f"{result['cell']}: every metric equals its record, bit for bit")

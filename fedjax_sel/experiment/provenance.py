@@ -65,10 +65,66 @@ def cpu_model(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
     return platform.processor() or platform.machine()
 
 
+# The /proc/cpuinfo flags of the vector extensions XLA's CPU compiler may emit code for: two
+# machines that differ in them can give different last bits for the same program (a reduction
+# over 16-lane AVX-512 registers adds in another order than over 8-lane AVX2 ones).
+VECTOR_FLAGS = (
+    "sse4_2",
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512dq",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx512_bf16",
+    "amx_tile",
+    "asimd",
+    "sve",
+)
+
+
+def _cpuinfo_fields(cpuinfo: str | Path) -> dict[str, str]:
+    """The first processor's fields of ``/proc/cpuinfo`` (empty where there is none)."""
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        return {}
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip() and fields:
+            break  # the first processor's block only
+        key, sep, value = line.partition(":")
+        if sep:
+            fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def cpu_code_target(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
+    """What XLA compiles CPU code for, in a line: the vendor, family and model (x86) or the
+    implementer and part (Arm), and the vector extensions of :data:`VECTOR_FLAGS` present,
+    e.g. ``"AuthenticAMD 25/1: sse4_2 avx avx2 fma f16c"``. Where two machines' lines differ,
+    XLA compiles different code for them and results can differ in the last bits
+    (docs/performance.md, on batches and bits); the same line is as close to the same code as
+    ``/proc/cpuinfo`` can say. ``"unknown"`` without it (macOS, Windows)."""
+    fields = _cpuinfo_fields(cpuinfo)
+    if not fields:
+        return "unknown"
+    if "vendor_id" in fields:
+        ident = f"{fields['vendor_id']} {fields.get('cpu family', '?')}/{fields.get('model', '?')}"
+    else:
+        ident = f"{fields.get('CPU implementer', '?')}/{fields.get('CPU part', '?')}"
+    present = set((fields.get("flags") or fields.get("Features") or "").split())
+    return f"{ident}: " + " ".join(f for f in VECTOR_FLAGS if f in present)
+
+
 def machine_info() -> dict[str, Any]:
     """The machine: backend, devices, CPU model and count, versions. Recorded with every
     measurement (``benchmarks/``) and every suite invocation (``invocations.json``)."""
     import jax
+    import jaxlib
 
     dev = jax.devices()
     return {
@@ -78,7 +134,9 @@ def machine_info() -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "processor": platform.processor() or platform.machine(),
         "cpu_model": cpu_model(),
+        "cpu_target": cpu_code_target(),
         "jax_version": jax.__version__,
+        "jaxlib_version": jaxlib.__version__,
         "python": platform.python_version(),
         # JAX_DEFAULT_MATMUL_PRECISION (bfloat16, tensorfloat32) changes an accelerator's speed
         "matmul_precision": jax.config.jax_default_matmul_precision or "default",

@@ -25,7 +25,7 @@ from typing import Any
 
 from fedjax_sel.base import ConfigError
 from fedjax_sel.experiment.outputs import CONFIG, read_json, write_json
-from fedjax_sel.experiment.provenance import machine_info
+from fedjax_sel.experiment.provenance import cpu_code_target, machine_info
 
 INVOCATIONS = "invocations.json"
 PARTS = "parts"
@@ -207,13 +207,15 @@ def invocation_entry(**extra: Any) -> dict[str, Any]:
 
 def cell_execution(out_dir: Path | None) -> dict[str, Any]:
     """How a finished cell ran, from its folder's ``config.json``, for its record (a run's last
-    bits can depend on both, :mod:`.batching`): ``batch``, the members vmapped with it
+    bits can depend on all three, :mod:`.batching`): ``batch``, the members vmapped with it
     (``seeds``; ``hparams`` too where grid points shared the batch), the batch ``size``, the
     memory ``bound`` and how the size was chosen (``chosen_by``: ``measured``, ``memory``,
     ``given`` by ``seeds_together``, or ``alone`` for a program of one cell); ``parallel``, the
-    client parallelism it ran with (``auto`` resolved). Rerun with the same members together
-    and this parallelism, a cell gives its record's metrics again. The measurement's timings
-    are left out: they change from run to run, the choice (cached per machine) does not."""
+    client parallelism it ran with (``auto`` resolved); ``cpu_target``, what XLA compiled its
+    code for (this machine's :func:`.provenance.cpu_code_target`). Rerun with the same members
+    together and this parallelism on a CPU of the same target, a cell gives its record's
+    metrics again. The measurement's timings are left out: they change from run to run, the
+    choice (cached per machine) does not."""
     if out_dir is None or not (Path(out_dir) / CONFIG).exists():
         return {}
     info = read_json(Path(out_dir) / CONFIG)
@@ -226,7 +228,11 @@ def cell_execution(out_dir: Path | None) -> dict[str, Any]:
     else:
         chosen_by = {"cache": "measured"}.get(choice["source"], choice["source"])
         batch.update(size=choice["size"], bound=choice["bound"], chosen_by=chosen_by)
-    return {"batch": batch, "parallel": info.get("config", {}).get("parallel")}
+    return {
+        "batch": batch,
+        "parallel": info.get("config", {}).get("parallel"),
+        "cpu_target": cpu_code_target(),
+    }
 
 
 def shard_share(items: Iterable[Any], index: int, count: int) -> list[Any]:
