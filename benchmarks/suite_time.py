@@ -98,9 +98,11 @@ def summarize(
     if path.exists():
         invocations = [e for e in json.loads(path.read_text()) if e.get("cells_run")]
     superseded = dict((previous or {}).get("superseded") or {})
+    # set aside now, or by an earlier call (then it stays aside)
+    before = superseded_before or superseded.get("before")
+    old = [e for e in invocations if before is not None and e["started"] < before]
+    invocations = [e for e in invocations if e not in old]
     if superseded_before is not None:
-        old = [e for e in invocations if e["started"] < superseded_before]
-        invocations = [e for e in invocations if e["started"] >= superseded_before]
         superseded = {
             "before": superseded_before,
             "invocations": [{k: e.get(k) for k in INVOCATION_KEYS} for e in old],
@@ -108,8 +110,6 @@ def summarize(
             "carried": carried if carried is not None else superseded.get("carried"),
         }
         carried = None
-    elif superseded:  # set aside by an earlier call: stays aside
-        invocations = [e for e in invocations if e["started"] >= superseded["before"]]
 
     def table(key: str) -> list[dict[str, Any]]:
         groups: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))

@@ -51,17 +51,30 @@ def same_code(stored: Any) -> bool:
     return isinstance(stored, dict) and stored.get("source") == source_digest()
 
 
-def cpu_model(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
-    """The CPU's model name (``model name`` in Linux's ``/proc/cpuinfo``, else the platform's
-    processor string): two machines that are both ``x86_64`` can differ twofold in speed."""
+def _cpuinfo_blocks(cpuinfo: str | Path) -> list[dict[str, str]]:
+    """The ``key: value`` blocks of ``/proc/cpuinfo``, one per processor (and Arm's trailing
+    ``Hardware``/``Model`` block), in file order; none where the file is missing."""
     try:
         text = Path(cpuinfo).read_text()
     except OSError:
-        text = ""
+        return []
+    blocks: list[dict[str, str]] = [{}]
     for line in text.splitlines():
         key, sep, value = line.partition(":")
-        if sep and key.strip() in ("model name", "Model", "cpu model") and value.strip():
-            return value.strip()
+        if sep:
+            blocks[-1].setdefault(key.strip(), value.strip())
+        elif not line.strip() and blocks[-1]:
+            blocks.append({})
+    return [b for b in blocks if b]
+
+
+def cpu_model(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
+    """The CPU's model name (``model name`` in Linux's ``/proc/cpuinfo``, else the platform's
+    processor string): two machines that are both ``x86_64`` can differ twofold in speed."""
+    for block in _cpuinfo_blocks(cpuinfo):
+        for key, value in block.items():
+            if key in ("model name", "Model", "cpu model") and value:
+                return value
     return platform.processor() or platform.machine()
 
 
@@ -86,22 +99,7 @@ VECTOR_FLAGS = (
 )
 
 
-def _cpuinfo_fields(cpuinfo: str | Path) -> dict[str, str]:
-    """The first processor's fields of ``/proc/cpuinfo`` (empty where there is none)."""
-    try:
-        text = Path(cpuinfo).read_text()
-    except OSError:
-        return {}
-    fields: dict[str, str] = {}
-    for line in text.splitlines():
-        if not line.strip() and fields:
-            break  # the first processor's block only
-        key, sep, value = line.partition(":")
-        if sep:
-            fields.setdefault(key.strip(), value.strip())
-    return fields
-
-
+@functools.cache  # read once per process: every suite record names it
 def cpu_code_target(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
     """What XLA compiles CPU code for, in a line: the vendor, family and model (x86) or the
     implementer and part (Arm), and the vector extensions of :data:`VECTOR_FLAGS` present,
@@ -109,9 +107,10 @@ def cpu_code_target(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
     XLA compiles different code for them and results can differ in the last bits
     (docs/performance.md, on batches and bits); the same line is as close to the same code as
     ``/proc/cpuinfo`` can say. ``"unknown"`` without it (macOS, Windows)."""
-    fields = _cpuinfo_fields(cpuinfo)
-    if not fields:
+    blocks = _cpuinfo_blocks(cpuinfo)
+    if not blocks:
         return "unknown"
+    fields = blocks[0]  # the first processor's
     if "vendor_id" in fields:
         ident = f"{fields['vendor_id']} {fields.get('cpu family', '?')}/{fields.get('model', '?')}"
     else:
